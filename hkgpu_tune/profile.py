@@ -1,0 +1,446 @@
+"""YAML profile -> typed, validated objects. Every error names file:line and the key path.
+
+>>> p = load_profile(default_profile_path())
+>>> p.network.interfaces[0].mtu
+9000
+"""
+from __future__ import annotations
+
+import difflib
+import importlib
+import ipaddress
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import yaml
+
+from .errors import ProfileError
+
+PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
+DEFAULT_PROFILE = "hk-inference"
+
+
+def default_profile_path() -> Path:
+    return PROFILE_DIR / f"{DEFAULT_PROFILE}.yaml"
+
+
+def resolve_profile(name: str | os.PathLike | None) -> Path:
+    """A path, or the name of a shipped profile ('hk-inference', 'hk-latency')."""
+    if not name:
+        return default_profile_path()
+    p = Path(name)
+    if not p.exists() and (PROFILE_DIR / f"{name}.yaml").exists():
+        return PROFILE_DIR / f"{name}.yaml"
+    return p
+
+
+_CONSTRUCTOR = yaml.SafeLoader("")
+
+
+# ---------------------------------------------------------------- node walker
+class Node:
+    """A YAML node with its file, line and key path, and typed accessors that raise ProfileError."""
+
+    def __init__(self, node: yaml.Node, file: str, path: str):
+        self.node, self.file, self.path = node, file, path
+
+    @property
+    def line(self) -> int:
+        return self.node.start_mark.line + 1
+
+    def error(self, msg: str) -> ProfileError:
+        return ProfileError(f"{self.file}:{self.line}: {self.path or '(top)'}: {msg}")
+
+    def _raw(self) -> str:
+        return self.node.value if isinstance(self.node, yaml.ScalarNode) else f"a {self.kind()}"
+
+    def kind(self) -> str:
+        if isinstance(self.node, yaml.MappingNode):
+            return "mapping"
+        if isinstance(self.node, yaml.SequenceNode):
+            return "list"
+        return "scalar"
+
+    def value(self) -> Any:
+        if not isinstance(self.node, yaml.ScalarNode):
+            raise self.error(f"expected a single value, got a {self.kind()}")
+        return _CONSTRUCTOR.construct_object(self.node, deep=True)  # YAML's own typing rules
+
+    def is_null(self) -> bool:
+        return isinstance(self.node, yaml.ScalarNode) and self.node.tag.endswith(":null")
+
+    # containers
+    def mapping(self, allowed: dict | list | tuple | None = None, required=()) -> dict[str, "Node"]:
+        if not isinstance(self.node, yaml.MappingNode):
+            raise self.error(f"expected a mapping, got {self._desc()}")
+        out: dict[str, Node] = {}
+        for knode, vnode in self.node.value:
+            if not isinstance(knode, yaml.ScalarNode):
+                raise Node(knode, self.file, self.path).error("keys must be plain strings")
+            key = str(knode.value)
+            child = f"{self.path}.{key}" if self.path else key
+            if key in out:
+                raise Node(knode, self.file, child).error(
+                    f"duplicate key (first at line {out[key].node.start_mark.line + 1})")
+            if allowed is not None and key not in allowed:
+                near = difflib.get_close_matches(key, list(allowed), n=1)
+                hint = f"; did you mean '{near[0]}'?" if near else f"; expected one of: {', '.join(sorted(allowed))}"
+                raise Node(knode, self.file, child).error(f"unknown key{hint}")
+            out[key] = Node(vnode, self.file, child)
+        for k in required:
+            if k not in out:
+                raise self.error(f"missing required key '{k}'")
+        return out
+
+    def items(self) -> list["Node"]:
+        if not isinstance(self.node, yaml.SequenceNode):
+            raise self.error(f"expected a list, got {self._desc()}")
+        return [Node(n, self.file, f"{self.path}[{i}]") for i, n in enumerate(self.node.value)]
+
+    def _desc(self) -> str:
+        if isinstance(self.node, yaml.ScalarNode):
+            return repr(self.node.value) if self.node.value != "" else "nothing"
+        return f"a {self.kind()}"
+
+    # scalars
+    def integer(self, lo: int | None = None, hi: int | None = None) -> int:
+        v = self.value() if isinstance(self.node, yaml.ScalarNode) else None
+        rng = f" {lo}-{hi}" if lo is not None and hi is not None else (f" >= {lo}" if lo is not None else "")
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise self.error(f"expected an integer{rng}, got {self._desc()}")
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise self.error(f"expected an integer{rng}, got {v}")
+        return v
+
+    def boolean(self) -> bool:
+        v = self.value() if isinstance(self.node, yaml.ScalarNode) else None
+        if not isinstance(v, bool):
+            raise self.error(f"expected true or false, got {self._desc()}")
+        return v
+
+    def string(self, pattern: str | None = None, what: str = "a string") -> str:
+        if not isinstance(self.node, yaml.ScalarNode) or self.is_null():
+            raise self.error(f"expected {what}, got {self._desc()}")
+        v = str(self.node.value)
+        if pattern and not re.fullmatch(pattern, v):
+            raise self.error(f"expected {what}, got {v!r}")
+        return v
+
+    def choice(self, options) -> str:
+        v = self.string()
+        if v not in options:
+            near = difflib.get_close_matches(v, list(options), n=1)
+            hint = f" (did you mean '{near[0]}'?)" if near else ""
+            raise self.error(f"expected one of {', '.join(map(str, options))}, got {v!r}{hint}")
+        return v
+
+    def int_or_max(self, lo=1, hi=1 << 20) -> int | str:
+        if isinstance(self.node, yaml.ScalarNode) and self.node.value == "max":
+            return "max"
+        try:
+            return self.integer(lo, hi)
+        except ProfileError:
+            raise self.error(f"expected 'max' or an integer {lo}-{hi}, got {self._desc()}") from None
+
+    def address(self) -> str:
+        v = self.string(what="an IP address")
+        try:
+            return str(ipaddress.ip_address(v))
+        except ValueError:
+            raise self.error(f"expected an IP address, got {v!r}") from None
+
+    def network(self) -> str:
+        v = self.string(what="an IP prefix such as 203.0.113.0/24")
+        try:
+            return str(ipaddress.ip_network(v, strict=True))
+        except ValueError as e:
+            raise self.error(f"expected an IP prefix such as 203.0.113.0/24, got {v!r} ({e})") from None
+
+
+# Linux: at most 15 bytes, not '.' or '..', no '/', ':' or whitespace (net/core/dev.c dev_valid_name)
+IFNAME_RE = r"(?!\.{1,2}$)[^/:\s]{1,15}"
+MAC_RE = r"[0-9a-fA-F]{2}(:[0-9a-fA-F]{2}){5}"
+PCI_RE = r"([0-9a-fA-F]{4}:)?[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]"
+
+
+# ---------------------------------------------------------------- network section
+@dataclass(frozen=True)
+class Match:
+    name: str | None = None
+    mac: str | None = None
+    driver: str | None = None
+    pci: str | None = None
+    default_route: bool = False
+
+    def describe(self) -> str:
+        parts = [f"{k}={v}" for k, v in (("name", self.name), ("mac", self.mac),
+                                         ("driver", self.driver), ("pci", self.pci)) if v]
+        if self.default_route:
+            parts.append("default_route")
+        return ",".join(parts)
+
+
+@dataclass(frozen=True)
+class Channels:
+    combined: int | str | None = None
+    rx: int | str | None = None
+    tx: int | str | None = None
+
+
+@dataclass(frozen=True)
+class Rings:
+    rx: int | str | None = None
+    tx: int | str | None = None
+
+
+OFFLOADS = ("gro", "gso", "tso", "lro", "rx_checksum", "tx_checksum", "sg", "rxhash")
+
+
+@dataclass(frozen=True)
+class Interface:
+    match: Match
+    mtu: int | None = None
+    channels: Channels | None = None
+    rings: Rings | None = None
+    offloads: dict[str, bool] = field(default_factory=dict)
+    qdisc: str | None = None
+    optional: bool = False   # no interface matched: ok instead of error
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class WanPeer:
+    address: str
+    name: str = ""
+    rtt_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class WanRoute:
+    prefix: str
+    mtu: int = 1500
+    via: str | None = None
+    dev: str | None = None
+
+
+@dataclass(frozen=True)
+class Network:
+    interfaces: list[Interface] = field(default_factory=list)
+    fabric_peers: list[str] = field(default_factory=list)
+    wan_peers: list[WanPeer] = field(default_factory=list)
+    wan_routes: list[WanRoute] = field(default_factory=list)
+    probe_gateway: bool = True
+    probe_count: int = 2
+    probe_timeout_s: float = 1.0
+
+
+QDISCS = ("fq_codel", "fq", "cake", "pfifo_fast", "pfifo", "sfq", "codel")
+
+
+def parse_network(n: Node) -> Network:
+    m = n.mapping(("interfaces", "fabric_peers", "wan_peers", "wan_routes", "probe"))
+    ifaces = []
+    for item in (m["interfaces"].items() if "interfaces" in m else []):
+        f = item.mapping(("match", "mtu", "channels", "rings", "offloads", "qdisc", "optional"), required=("match",))
+        mm = f["match"].mapping(("name", "mac", "driver", "pci", "default_route"))
+        if not mm:
+            raise f["match"].error("expected at least one of name, mac, driver, pci, default_route")
+        match = Match(
+            name=mm["name"].string(IFNAME_RE, "an interface name (1-15 characters, no '/', ':' or spaces)") if "name" in mm else None,
+            mac=mm["mac"].string(MAC_RE, "a MAC address like 0c:42:a1:00:00:01").lower() if "mac" in mm else None,
+            driver=mm["driver"].string(r"[A-Za-z0-9_.-]{1,32}", "a driver name") if "driver" in mm else None,
+            pci=mm["pci"].string(PCI_RE, "a PCI address like 0000:3b:00.0").lower() if "pci" in mm else None,
+            default_route=mm["default_route"].boolean() if "default_route" in mm else False,
+        )
+        if match.pci and len(match.pci) == 7:
+            match = Match(match.name, match.mac, match.driver, "0000:" + match.pci, match.default_route)
+        ch = rings = None
+        if "channels" in f:
+            c = f["channels"].mapping(("combined", "rx", "tx"))
+            ch = Channels(**{k: v.int_or_max(1, 4096) for k, v in c.items()})
+        if "rings" in f:
+            r = f["rings"].mapping(("rx", "tx"))
+            rings = Rings(**{k: v.int_or_max(1, 1 << 16) for k, v in r.items()})
+        offloads = {}
+        if "offloads" in f:
+            for k, v in f["offloads"].mapping(OFFLOADS).items():
+                offloads[k] = v.boolean()
+        ifaces.append(Interface(
+            match=match,
+            mtu=f["mtu"].integer(68, 65535) if "mtu" in f else None,
+            channels=ch, rings=rings, offloads=offloads,
+            qdisc=f["qdisc"].choice(QDISCS) if "qdisc" in f else None,
+            optional=f["optional"].boolean() if "optional" in f else False,
+            line=item.line,
+        ))
+    peers = [p.address() for p in m["fabric_peers"].items()] if "fabric_peers" in m else []
+    wan = []
+    for p in (m["wan_peers"].items() if "wan_peers" in m else []):
+        if isinstance(p.node, yaml.ScalarNode):
+            wan.append(WanPeer(p.address()))
+            continue
+        pm = p.mapping(("address", "name", "rtt_ms"), required=("address",))
+        rtt = pm["rtt_ms"].value() if "rtt_ms" in pm else None
+        if rtt is not None and (isinstance(rtt, bool) or not isinstance(rtt, (int, float)) or rtt < 0):
+            raise pm["rtt_ms"].error(f"expected a number of milliseconds, got {rtt!r}")
+        wan.append(WanPeer(pm["address"].address(), pm["name"].string() if "name" in pm else "", rtt))
+    routes = []
+    for r in (m["wan_routes"].items() if "wan_routes" in m else []):
+        rm = r.mapping(("prefix", "mtu", "via", "dev"), required=("prefix",))
+        routes.append(WanRoute(
+            prefix=rm["prefix"].network(),
+            mtu=rm["mtu"].integer(552, 65535) if "mtu" in rm else 1500,
+            via=rm["via"].address() if "via" in rm else None,
+            dev=rm["dev"].string(IFNAME_RE, "an interface name") if "dev" in rm else None,
+        ))
+    probe = {}
+    if "probe" in m:
+        pm = m["probe"].mapping(("gateway", "count", "timeout_s"))
+        if "gateway" in pm:
+            probe["probe_gateway"] = pm["gateway"].boolean()
+        if "count" in pm:
+            probe["probe_count"] = pm["count"].integer(1, 20)
+        if "timeout_s" in pm:
+            probe["probe_timeout_s"] = pm["timeout_s"].integer(1, 30)
+    return Network(ifaces, peers, wan, routes, **probe)
+
+
+# ---------------------------------------------------------------- sysctl section
+SYSCTL_KEY_RE = r"[a-z0-9_][a-z0-9_.\-/]*"
+
+
+@dataclass(frozen=True)
+class SysctlSetting:
+    key: str
+    value: str
+    compare: str = "exact"   # exact | at_least
+    optional: bool = False
+    line: int = 0
+
+    @property
+    def path(self) -> str:
+        return "/proc/sys/" + self.key.replace(".", "/")
+
+
+# keys where more is fine (buffer sizes, backlogs)
+AT_LEAST = {"net.core.rmem_max", "net.core.wmem_max", "net.core.rmem_default", "net.core.wmem_default",
+            "net.core.netdev_max_backlog", "net.core.optmem_max", "net.core.somaxconn",
+            "net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem", "net.ipv4.udp_rmem_min", "net.ipv4.udp_wmem_min",
+            "net.ipv4.tcp_max_syn_backlog", "net.core.netdev_budget"}
+
+
+def _sysctl_value(n: Node) -> str:
+    v = n.value()
+    if isinstance(v, bool):
+        return "1" if v else "0"
+    if isinstance(v, (int, str)) and str(v).strip():
+        return " ".join(str(v).split())
+    if isinstance(v, list):
+        return " ".join(str(x) for x in v)
+    raise n.error(f"expected a number or a string, got {n._desc()}")
+
+
+def parse_sysctl(n: Node) -> list[SysctlSetting]:
+    out = []
+    for key, v in n.mapping().items():
+        kn = Node(v.node, v.file, v.path)
+        if not re.fullmatch(SYSCTL_KEY_RE, key) or ".." in key or "/" in key or key.startswith("."):
+            raise kn.error("not a sysctl key (expected dotted names under /proc/sys, e.g. net.core.rmem_max)")
+        if os.path.normpath("/proc/sys/" + key.replace(".", "/")) != "/proc/sys/" + key.replace(".", "/"):
+            raise kn.error("sysctl key leaves /proc/sys")
+        compare = "at_least" if key in AT_LEAST else "exact"
+        optional = False
+        if isinstance(v.node, yaml.MappingNode):
+            vm = v.mapping(("value", "compare", "optional"), required=("value",))
+            value = _sysctl_value(vm["value"])
+            if "compare" in vm:
+                compare = vm["compare"].choice(("exact", "at_least"))
+            if "optional" in vm:
+                optional = vm["optional"].boolean()
+        elif isinstance(v.node, yaml.SequenceNode):
+            value = " ".join(str(_sysctl_value(i)) for i in v.items())
+        else:
+            value = _sysctl_value(v)
+        if compare == "at_least" and not all(t.lstrip("-").isdigit() for t in value.split()):
+            raise v.error(f"'at_least' needs numbers, got {value!r}")
+        out.append(SysctlSetting(key, value, compare, optional, v.line))
+    return out
+
+
+# ---------------------------------------------------------------- the profile
+# section name -> "module:function" returning the typed section; modules of other
+# subsystems own their section's schema.
+SECTIONS: dict[str, str] = {
+    "network": "hkgpu_tune.profile:parse_network",
+    "sysctl": "hkgpu_tune.profile:parse_sysctl",
+    "gpu": "hkgpu_tune.subsystems.gpu:parse_profile",
+    "mps": "hkgpu_tune.subsystems.mps:parse_profile",
+    "affinity": "hkgpu_tune.subsystems.affinity:parse_profile",
+    "triton": "hkgpu_tune.subsystems.triton:parse_profile",
+}
+
+
+def _parser(name: str) -> Callable[[Node], Any] | None:
+    mod, func = SECTIONS[name].split(":")
+    try:
+        return getattr(importlib.import_module(mod), func)
+    except (ImportError, AttributeError):
+        return None
+
+
+@dataclass
+class Profile:
+    path: str
+    name: str = ""
+    description: str = ""
+    sections: dict[str, Any] = field(default_factory=dict)
+
+    def section(self, name: str):
+        return self.sections.get(name)
+
+    @property
+    def network(self) -> Network:
+        return self.sections.get("network") or Network()
+
+    @property
+    def sysctl(self) -> list[SysctlSetting]:
+        return self.sections.get("sysctl") or []
+
+
+def parse_profile_text(text: str, file: str = "<profile>") -> Profile:
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        line = mark.line + 1 if mark else 0
+        raise ProfileError(f"{file}:{line}: not valid YAML: {e.problem or e}") from None
+    except yaml.YAMLError as e:
+        raise ProfileError(f"{file}: not valid YAML: {e}") from None
+    if root is None:
+        raise ProfileError(f"{file}:1: the profile is empty")
+    top = Node(root, file, "")
+    available = {k for k in SECTIONS if _parser(k)}
+    m = top.mapping(sorted(available | {"name", "description"}))
+    prof = Profile(path=file)
+    if "name" in m:
+        prof.name = m["name"].string()
+    if "description" in m:
+        prof.description = m["description"].string()
+    for key, node in m.items():
+        if key in SECTIONS and not node.is_null():
+            prof.sections[key] = _parser(key)(node)
+    return prof
+
+
+def load_profile(path: str | os.PathLike | None = None) -> Profile:
+    p = resolve_profile(path)
+    try:
+        text = Path(p).read_text()
+    except FileNotFoundError:
+        raise ProfileError(f"{p}: no such profile file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ProfileError(f"{p}: cannot read the profile: {e}") from None
+    return parse_profile_text(text, str(p) if path else p.name)

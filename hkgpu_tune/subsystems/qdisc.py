@@ -1,0 +1,93 @@
+"""Queueing discipline on each interface: the root, and the child of every mq transmit queue."""
+from __future__ import annotations
+
+from ..errors import ApplyError
+from ..report import DRIFT, OK, UNSUPPORTED
+from .base import Subsystem
+from .link import resolve
+
+
+class Plugin(Subsystem):
+    name = "qdisc"
+    section = "network"
+
+    def read(self) -> dict:
+        links = self.b.net.links()
+        return {"links": links, "qdiscs": {ln["name"]: self.b.tc.qdiscs(ln["index"]) for ln in links}}
+
+    def facts(self) -> dict:
+        return self.read()["qdiscs"]
+
+    def compare(self, state):
+        pairs, res = resolve(self, state["links"], "qdisc")
+        for rule, ln in pairs:
+            name, kind, q = ln["name"], rule.qdisc, state["qdiscs"][ln["name"]]
+            supported, why = self.b.tc.supported(kind)
+            data = {"index": ln["index"], "orig": q}
+            multi = ln["tx_queues"] > 1
+            if not multi:
+                st = OK if q["root"] == kind else (DRIFT if supported else UNSUPPORTED)
+                res.append(self.result(name, "root", q["root"], kind, st, "" if st == OK else (why or "differs"),
+                                       write=kind if st == DRIFT else None, data=data))
+                continue
+            # several transmit queues: mq at the root, the kind on each queue
+            root_ok = q["root"] == "mq"
+            st = OK if root_ok else (DRIFT if supported else UNSUPPORTED)
+            res.append(self.result(name, "root", q["root"], "mq", st,
+                                   "" if root_ok else (why or f"{ln['tx_queues']} transmit queues need mq at the root"),
+                                   write=f"mq+{kind}" if st == DRIFT else None, data=data))
+            for i in range(1, ln["tx_queues"] + 1):
+                parent = f"{q['root_handle'].split(':')[0]}:{i:x}" if root_ok else f"queue {i}"
+                cur = q["children"].get(parent) if root_ok else None
+                if cur == kind:
+                    res.append(self.result(name, f"queue {i}", cur, kind, OK))
+                elif not supported:
+                    res.append(self.result(name, f"queue {i}", cur, kind, UNSUPPORTED, why))
+                else:
+                    res.append(self.result(name, f"queue {i}", cur, kind, DRIFT,
+                                           "differs" if root_ok else "set with the root",
+                                           write=kind if root_ok else None,
+                                           data={**data, "parent": parent}))
+        return res
+
+    def write(self, target, key, value, data):
+        idx, tc = data["index"], self.b.tc
+        if key == "root":
+            if value.startswith("mq+"):
+                tc.replace_root(idx, "mq", target)
+                q = tc.qdiscs(idx)
+                maj = q["root_handle"].split(":")[0]
+                n = len(q["children"]) or 1
+                for i in range(1, n + 1):
+                    tc.replace_child(idx, f"{maj}:{i:x}", value[3:], target)
+            else:
+                tc.replace_root(idx, value, target)
+            want = "mq" if value.startswith("mq+") else value
+        else:
+            tc.replace_child(idx, data["parent"], value, target)
+            want = value
+        q = tc.qdiscs(idx)
+        got = q["root"] if key == "root" else q["children"].get(data["parent"])
+        if got != want:
+            raise ApplyError(f"{target}: qdisc {key}: set {want}, the kernel shows {got}")
+
+    def restore(self, change):
+        idx, tc, orig = change.data["index"], self.b.tc, change.data["orig"]
+        if change.key != "root":
+            tc.replace_child(idx, change.data["parent"], change.current, change.target)
+            return
+        # back to the kernel's default, then the original where it was not the default
+        tc.delete_root(idx, change.target)
+        now = tc.qdiscs(idx)
+        if orig["root"] not in (now["root"], "noqueue"):
+            if orig["root"] != "mq":
+                tc.replace_root(idx, orig["root"], change.target)
+            else:
+                tc.replace_root(idx, "mq", change.target)
+                now = tc.qdiscs(idx)
+        if orig["root"] == "mq":
+            maj = now["root_handle"].split(":")[0] if now["root_handle"] else None
+            for parent, kind in orig["children"].items():
+                p = f"{maj}:{parent.split(':')[1]}"
+                if maj and now["children"].get(p) != kind:
+                    tc.replace_child(idx, p, kind, change.target)
