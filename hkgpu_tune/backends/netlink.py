@@ -247,19 +247,26 @@ class Tc:
         return {"root": root or "noqueue", "root_handle": _handle(root_handle) if root_handle else None,
                 "children": dict(sorted(children.items(), key=lambda kv: int(kv[0].split(":")[1], 16)))}
 
+    def _opts(self, kind: str, index: int) -> dict:
+        # pyroute2 sends pfifo's limit as 0 unless given, which drops every packet
+        if kind in ("pfifo", "bfifo"):
+            qlen = self.ip.get_links(index)[0].get_attr("IFLA_TXQLEN") or 1000
+            return {"limit": qlen if kind == "pfifo" else qlen * 1514}
+        return {}
+
     def replace_root(self, index: int, kind: str, name="") -> None:
         try:
             if kind == "mq":
                 self.ip.tc("replace", "mq", index, handle=0x10000, parent=TC_H_ROOT)
             else:
-                self.ip.tc("replace", kind, index, parent=TC_H_ROOT)
+                self.ip.tc("replace", kind, index, parent=TC_H_ROOT, **self._opts(kind, index))
         except Exception as e:  # noqa: BLE001
             raise _wrap(e, f"{name}: qdisc {kind}") from None
 
     def replace_child(self, index: int, parent: str, kind: str, name="") -> None:
         maj, mn = (int(x, 16) for x in parent.split(":"))
         try:
-            self.ip.tc("replace", kind, index, parent=(maj << 16) | mn)
+            self.ip.tc("replace", kind, index, parent=(maj << 16) | mn, **self._opts(kind, index))
         except Exception as e:  # noqa: BLE001
             raise _wrap(e, f"{name}: qdisc {kind} on queue {parent}") from None
 
