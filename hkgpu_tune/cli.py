@@ -134,11 +134,15 @@ def run(argv=None) -> int:
 
         if args.cmd == "rollback":
             restored, errs = eng.rollback()
+            from .persist import unpersist
+            files = unpersist(eng.state.dir)
             if args.json:
-                print(json.dumps({"restored": [c.to_dict() for c in restored], "errors": errs}, indent=2,
-                                 default=str))
+                print(json.dumps({"restored": [c.to_dict() for c in restored], "files": files, "errors": errs},
+                                 indent=2, default=str))
             else:
-                if not restored:
+                for f in files:
+                    con.print(f)
+                if not restored and not files:
                     con.print(f"nothing to roll back (no saved originals in {eng.state.dir})")
                 for c in reversed(restored):
                     con.print(f"restored {c.subsystem} {c.target} {c.key} = {c.current}")
