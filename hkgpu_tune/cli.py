@@ -77,7 +77,16 @@ def run(argv=None) -> int:
     from .profile import load_profile
 
     con = Console(stderr=False, soft_wrap=False)
-    profile = load_profile(args.profile)
+    from .errors import ProfileError
+    from .profile import Profile
+    try:
+        profile = load_profile(args.profile)
+    except ProfileError as e:
+        if args.cmd != "rollback":
+            raise
+        # rollback needs only the saved originals: a broken profile must not block it
+        print(f"hkgpu-tune: warning: {e} (rolling back from the state file alone)", file=sys.stderr)
+        profile = Profile(path="(none)")
     eng = Engine(profile, only=_only(args), state_dir=args.state_dir)
     try:
         if args.cmd == "facts":

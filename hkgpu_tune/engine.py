@@ -155,10 +155,10 @@ class Engine:
             rep.rolled_back = True
             if errs:
                 rep.error += "; rollback also failed: " + "; ".join(m for _, m in errs)
-            # the state file still lists all originals; drop the ones we restored
-            self.state.save([c for c in saved if c.ident not in {d.ident for d in done}] if not errs else saved)
-            if not self.state.load():
-                self.state.clear()
+            # keep the originals of earlier applies and of what could not be restored
+            this_run = {c.ident for c in changes} - {c.ident for c, _ in errs}
+            keep = [c for c in saved if c.ident not in this_run or c.ident in known]
+            self.state.save(keep) if keep else self.state.clear()
             return rep
         rep.results = self.verify()
         return rep

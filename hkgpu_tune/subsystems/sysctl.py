@@ -15,7 +15,8 @@ class Plugin(Subsystem):
         out = {}
         for s in self.profile.sysctl:
             try:
-                out[s.key] = self.b.sysctl.read(s.key)
+                v = self.b.sysctl.read(s.key)
+                out[s.key] = " ".join(v.split()) if v is not None else None
             except HkError as e:
                 out[s.key] = e
         return out

@@ -1,0 +1,149 @@
+"""Swapped backends for unit tests: the same interfaces as hkgpu_tune.backends, in memory."""
+from __future__ import annotations
+
+import copy
+
+from hkgpu_tune.backends import Backends
+from hkgpu_tune.errors import ApplyError, UnsupportedError
+
+
+class FakeSysctl:
+    def __init__(self, values: dict, readonly=()):
+        self.values = dict(values)
+        self.readonly = set(readonly)
+        self.writes = []
+
+    def read(self, key):
+        return self.values.get(key)
+
+    def write(self, key, value):
+        if key not in self.values:
+            raise UnsupportedError(f"sysctl {key}: not in this kernel or namespace")
+        if key in self.readonly:
+            raise ApplyError(f"sysctl {key}={value}: Invalid argument")
+        self.writes.append((key, value))
+        self.values[key] = " ".join(str(value).split())
+
+
+def link(name, index, **kw):
+    d = {"name": name, "index": index, "mac": f"02:00:00:00:00:{index:02x}", "mtu": 1500, "driver": "mlx5_core",
+         "kind": None, "pci": f"0000:{index:02x}:00.0", "state": "UP", "tx_queues": 1, "default_route": False}
+    d.update(kw)
+    return d
+
+
+class FakeNet:
+    def __init__(self, links, gateways=None, routes=None, oif=None):
+        self._links = links
+        self.gw = gateways or {}
+        self.routes = routes or {}
+        self.oif = oif or {}
+
+    def links(self):
+        return copy.deepcopy(self._links)
+
+    def _by(self, index):
+        return next(ln for ln in self._links if ln["index"] == index)
+
+    def set_mtu(self, index, mtu, name=""):
+        self._by(index)["mtu"] = int(mtu)
+
+    def gateways(self, index):
+        return self.gw.get(index, [])
+
+    def route_oif(self, dst):
+        return self.oif.get(dst)
+
+    def route_mtu(self, prefix):
+        return (prefix in self.routes, self.routes.get(prefix))
+
+    def set_route_mtu(self, prefix, mtu, via, oif, delete=False):
+        if delete:
+            self.routes.pop(prefix, None)
+        else:
+            self.routes[prefix] = mtu
+
+
+class FakeEthtool:
+    def __init__(self, devs):
+        self.devs = devs  # name -> {"channels": {...} | Exception, "rings": ..., "features": ...}
+
+    def _get(self, name, part):
+        v = self.devs[name][part]
+        if isinstance(v, Exception):
+            raise v
+        return copy.deepcopy(v)
+
+    def channels(self, name):
+        return self._get(name, "channels")
+
+    def rings(self, name):
+        return self._get(name, "rings")
+
+    def features(self, name):
+        return self._get(name, "features")
+
+    def set_channels(self, name, values):
+        for k, v in values.items():
+            self.devs[name]["channels"][f"{k}_count"] = v
+
+    def set_rings(self, name, values):
+        self.devs[name]["rings"].update(values)
+
+    def set_feature(self, name, short, on):
+        self.devs[name]["features"][short]["on"] = on
+
+
+def nic(combined=(8, 63), rings=(1024, 8192), gro=False):
+    return {
+        "channels": {"max_rx": 0, "max_tx": 0, "max_other": 1, "max_combined": combined[1], "rx_count": 0,
+                     "tx_count": 0, "other_count": 1, "combined_count": combined[0]},
+        "rings": {"rx": rings[0], "tx": rings[0], "rx_max": rings[1], "tx_max": rings[1]},
+        "features": {"gro": {"on": gro, "fixed": False, "names": ["rx-gro"]},
+                     "gso": {"on": True, "fixed": False, "names": []},
+                     "tso": {"on": True, "fixed": False, "names": []},
+                     "lro": {"on": False, "fixed": True, "names": []}},
+    }
+
+
+class FakeTc:
+    def __init__(self, qdiscs, supported=("fq_codel", "pfifo_fast", "mq")):
+        self.q = qdiscs  # index -> {"root":..., "root_handle":..., "children": {...}}
+        self.sup = set(supported)
+
+    def qdiscs(self, index):
+        return copy.deepcopy(self.q.get(index, {"root": "noqueue", "root_handle": None, "children": {}}))
+
+    def supported(self, kind):
+        return (True, "") if kind in self.sup else (False, f"qdisc {kind} is unsupported by this kernel")
+
+    def replace_root(self, index, kind, name=""):
+        if kind not in self.sup:
+            raise UnsupportedError(f"{name}: qdisc {kind}: not supported")
+        self.q[index] = {"root": kind, "root_handle": "1:0" if kind == "mq" else "8001:0",
+                         "children": {f"1:{i}": "pfifo_fast" for i in range(1, self.nq.get(index, 1) + 1)}
+                         if kind == "mq" else {}}
+
+    nq: dict = {}
+
+    def replace_child(self, index, parent, kind, name=""):
+        self.q[index]["children"][parent] = kind
+
+    def delete_root(self, index, name=""):
+        self.q.pop(index, None)
+
+
+class FakeCmd:
+    def __init__(self, answers=None):
+        self.answers = answers or {}
+        self.calls = []
+
+    def run(self, argv, timeout=30, env=None):
+        from hkgpu_tune.backends.command import Completed
+        self.calls.append(argv)
+        rc = self.answers.get(argv[-1], 0) if argv[0] == "ping" else 0
+        return Completed(rc, "", "")
+
+
+def backends(**kw):
+    return Backends(**kw)

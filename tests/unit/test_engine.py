@@ -1,0 +1,252 @@
+import json
+import os
+import stat
+
+import pytest
+
+from hkgpu_tune.engine import Engine
+from hkgpu_tune.errors import ApplyError
+from hkgpu_tune.profile import parse_profile_text
+from hkgpu_tune.report import exit_code, to_json, to_junit, to_prometheus
+
+from .fakes import FakeCmd, FakeEthtool, FakeNet, FakeSysctl, FakeTc, backends, link
+
+PROFILE = """\
+network:
+  interfaces:
+    - match: {driver: mlx5_core}
+      mtu: 9000
+      channels: {combined: max}
+      rings: {rx: max, tx: max}
+      offloads: {gro: true, gso: true, tso: true, lro: false}
+      qdisc: fq_codel
+  fabric_peers: [198.18.0.2]
+sysctl:
+  net.core.rmem_max: 268435456
+  net.core.netdev_max_backlog: 250000
+  net.ipv4.tcp_rmem: 4096 87380 268435456
+  net.ipv4.tcp_mtu_probing: 1
+  net.core.default_qdisc: fq_codel
+"""
+
+
+def host(**over):
+    from .fakes import nic
+    b = backends(
+        sysctl=FakeSysctl({"net.core.rmem_max": "212992", "net.core.netdev_max_backlog": "1000",
+                           "net.ipv4.tcp_rmem": "4096\t131072\t6291456", "net.ipv4.tcp_mtu_probing": "0",
+                           "net.core.default_qdisc": "pfifo_fast"}),
+        net=FakeNet([link("ens1f0", 2, tx_queues=4), link("eno1", 3, driver="igb", default_route=True)],
+                    gateways={2: ["198.18.0.254"]}, oif={"198.18.0.2": 2}),
+        ethtool=FakeEthtool({"ens1f0": nic(), "eno1": nic()}),
+        tc=FakeTc({2: {"root": "mq", "root_handle": "1:0",
+                       "children": {f"1:{i}": "pfifo_fast" for i in range(1, 5)}}}),
+        cmd=FakeCmd(),
+    )
+    b.tc.nq = {2: 4}
+    for k, v in over.items():
+        setattr(b, k, v)
+    return b
+
+
+def engine(tmp_path, b=None, text=PROFILE, only=None):
+    return Engine(parse_profile_text(text, "t.yaml"), only=only, state_dir=str(tmp_path / "state"), backends=b or host())
+
+
+def by_key(results):
+    return {(r.subsystem, r.target, r.key): r for r in results}
+
+
+def test_plan_lists_changes_with_current_and_desired(tmp_path):
+    changes, _ = engine(tmp_path).plan()
+    got = {(c.subsystem, c.target, c.key): (c.current, c.desired) for c in changes}
+    assert got[("sysctl", "host", "net.core.rmem_max")] == ("212992", "268435456")
+    assert got[("sysctl", "host", "net.ipv4.tcp_rmem")] == ("4096 131072 6291456", "4096 131072 268435456")
+    assert got[("link", "ens1f0", "mtu")] == (1500, 9000)
+    assert got[("ethtool", "ens1f0", "channels combined")] == (8, 63)
+    assert got[("ethtool", "ens1f0", "rings rx")] == (1024, 8192)
+    assert got[("ethtool", "ens1f0", "gro")] == (False, True)
+    assert got[("qdisc", "ens1f0", "queue 3")] == ("pfifo_fast", "fq_codel")
+    assert ("link", "eno1", "mtu") not in got  # igb is not matched
+
+
+def test_apply_then_verify_all_ok_and_rollback_restores(tmp_path):
+    b = host()
+    eng = engine(tmp_path, b)
+    rep = eng.apply()
+    assert not rep.error
+    assert exit_code(rep.results) == 0, [r for r in rep.results if r.failed]
+    assert b.sysctl.values["net.core.rmem_max"] == "268435456"
+    assert b.net.links()[0]["mtu"] == 9000
+    assert b.tc.qdiscs(2)["children"]["1:4"] == "fq_codel"
+    # the probe used DF pings of MTU-28 to the gateway and the fabric peer
+    pings = [c for c in b.cmd.calls if c[0] == "ping"]
+    assert {p[-1] for p in pings} == {"198.18.0.254", "198.18.0.2"} and all("8972" in p and "do" in p for p in pings)
+    st = os.stat(tmp_path / "state" / "state.json")
+    assert stat.S_IMODE(st.st_mode) == 0o600
+    restored, errs = engine(tmp_path, b).rollback()
+    assert not errs and len(restored) == len(rep.changes)
+    assert b.sysctl.values["net.ipv4.tcp_rmem"] == "4096 131072 6291456"
+    assert b.net.links()[0]["mtu"] == 1500
+    assert b.ethtool.devs["ens1f0"]["features"]["gro"]["on"] is False
+    assert b.tc.qdiscs(2)["children"]["1:1"] == "pfifo_fast"
+    assert not (tmp_path / "state" / "state.json").exists()
+
+
+def test_at_least_semantics(tmp_path):
+    b = host()
+    b.sysctl.values["net.core.rmem_max"] = "536870912"
+    b.sysctl.values["net.ipv4.tcp_rmem"] = "8192 262144 536870912"
+    r = by_key(engine(tmp_path, b, only=["sysctl"]).verify())
+    assert r[("sysctl", "host", "net.core.rmem_max")].status == "ok"
+    assert r[("sysctl", "host", "net.ipv4.tcp_rmem")].status == "ok"
+    assert r[("sysctl", "host", "net.ipv4.tcp_mtu_probing")].status == "drift"
+
+
+def test_unsupported_sysctl_and_qdisc(tmp_path):
+    b = host(tc=FakeTc({}, supported=("pfifo_fast", "mq")))
+    del b.sysctl.values["net.core.netdev_max_backlog"]
+    r = by_key(engine(tmp_path, b).verify())
+    assert r[("sysctl", "host", "net.core.netdev_max_backlog")].status == "unsupported"
+    assert r[("sysctl", "host", "net.core.default_qdisc")].status == "unsupported"
+    assert "fq_codel" in r[("qdisc", "ens1f0", "queue 1")].reason
+    assert r[("qdisc", "ens1f0", "queue 1")].status == "unsupported"
+    changes, _ = engine(tmp_path, b).plan()
+    assert not [c for c in changes if c.subsystem == "qdisc" or c.key.endswith("default_qdisc")]
+
+
+def test_combined_falls_back_to_rx_tx_or_unsupported(tmp_path):
+    from .fakes import nic
+    veth = nic()
+    veth["channels"] = {"max_rx": 2, "max_tx": 2, "max_other": 0, "max_combined": 0, "rx_count": 1,
+                        "tx_count": 1, "other_count": 0, "combined_count": 0}
+    none = nic()
+    none["channels"] = {**veth["channels"], "max_rx": 0, "max_tx": 0}
+    b = host(ethtool=FakeEthtool({"ens1f0": veth, "ens1f1": none}),
+             net=FakeNet([link("ens1f0", 2), link("ens1f1", 4)]))
+    r = by_key(engine(tmp_path, b, only=["ethtool"]).verify())
+    assert r[("ethtool", "ens1f0", "channels rx")].desired == 2
+    assert r[("ethtool", "ens1f0", "channels rx")].status == "drift"
+    assert "using rx/tx" in r[("ethtool", "ens1f0", "channels tx")].reason
+    assert r[("ethtool", "ens1f1", "channels combined")].status == "unsupported"
+
+
+def test_rings_unsupported_is_not_a_crash(tmp_path):
+    from hkgpu_tune.errors import UnsupportedError
+
+    from .fakes import nic
+    d = nic()
+    d["rings"] = UnsupportedError("ens1f0: ring parameters: not supported by the driver")
+    b = host(ethtool=FakeEthtool({"ens1f0": d, "eno1": nic()}))
+    r = by_key(engine(tmp_path, b, only=["ethtool"]).verify())
+    assert r[("ethtool", "ens1f0", "rings rx")].status == "unsupported"
+    assert exit_code(r.values()) == 2
+
+
+def test_failure_midway_rolls_back_what_was_changed(tmp_path):
+    b = host()
+    b.sysctl.readonly = {"net.ipv4.tcp_mtu_probing"}
+    rep = engine(tmp_path, b).apply()
+    assert "tcp_mtu_probing" in rep.error and rep.rolled_back
+    assert b.sysctl.values["net.core.rmem_max"] == "212992"  # the earlier write was undone
+    assert not (tmp_path / "state" / "state.json").exists()
+
+
+def test_failed_mtu_probe_restores_everything(tmp_path):
+    b = host(cmd=FakeCmd({"198.18.0.2": 1}))
+    rep = engine(tmp_path, b).apply()
+    assert "fabric peer 198.18.0.2 did not answer a 8972-byte don't-fragment ping" in rep.error
+    assert b.net.links()[0]["mtu"] == 1500
+
+
+def test_wan_peer_checked_at_1472(tmp_path):
+    text = PROFILE.replace("  fabric_peers: [198.18.0.2]\n",
+                           "  fabric_peers: [198.18.0.2]\n  wan_peers: [{address: 198.19.1.1, name: tokyo}]\n")
+    b = host(cmd=FakeCmd({"198.19.1.1": 1}))
+    b.net.oif["198.19.1.1"] = 2
+    rep = engine(tmp_path, b, text=text).apply()
+    assert "WAN peer 198.19.1.1 (tokyo) did not answer a 1472-byte" in rep.error
+    assert any("1472" in c for c in b.cmd.calls if "198.19.1.1" in c)
+
+
+def test_wan_route_mtu_applied_and_removed_on_rollback(tmp_path):
+    text = "network:\n  wan_routes: [{prefix: 198.19.0.0/16, via: 198.18.0.254}]\n"
+    b = host()
+    eng = engine(tmp_path, b, text=text)
+    eng.apply()
+    assert b.net.routes["198.19.0.0/16"] == 1500
+    engine(tmp_path, b, text=text).rollback()
+    assert "198.19.0.0/16" not in b.net.routes
+
+
+def test_crash_mid_apply_then_rollback(tmp_path):
+    """The originals are on disk before the first write: a crash leaves enough to undo."""
+    b = host()
+
+    class Boom(BaseException):
+        pass
+
+    eng = engine(tmp_path, b)
+    orig = eng.by_name["link"].write
+
+    def crash(*a, **k):
+        orig(*a, **k)
+        raise Boom()  # like kill -9: no cleanup runs
+
+    eng.by_name["link"].write = crash
+    with pytest.raises(Boom):
+        eng.apply()
+    assert b.net.links()[0]["mtu"] == 9000
+    saved = json.load(open(tmp_path / "state" / "state.json"))["changes"]
+    assert any(c["key"] == "mtu" and c["current"] == 1500 for c in saved)
+    restored, errs = engine(tmp_path, b).rollback()
+    assert not errs
+    assert b.net.links()[0]["mtu"] == 1500 and b.sysctl.values["net.core.rmem_max"] == "212992"
+
+
+def test_second_apply_keeps_the_first_originals(tmp_path):
+    b = host()
+    engine(tmp_path, b, only=["sysctl"]).apply()
+    b.sysctl.values["net.ipv4.tcp_mtu_probing"] = "2"  # drift after the first apply
+    engine(tmp_path, b, only=["sysctl"]).apply()
+    engine(tmp_path, b).rollback()
+    assert b.sysctl.values["net.ipv4.tcp_mtu_probing"] == "0"
+
+
+def test_unmatched_interface_is_unsupported_unless_optional(tmp_path):
+    b = host(net=FakeNet([link("eno1", 3, driver="igb")]))
+    r = engine(tmp_path, b, only=["link"]).verify()
+    assert [x.status for x in r] == ["unsupported"] and "no interface" in r[0].reason
+    r = engine(tmp_path, b, text=PROFILE.replace("      mtu: 9000", "      optional: true\n      mtu: 9000"),
+               only=["link"]).verify()
+    assert [x.status for x in r] == ["ok"] and exit_code(r) == 0
+
+
+def test_match_by_default_route_mac_and_pci(tmp_path):
+    b = host()
+    for m, want in (("{default_route: true}", "eno1"), ("{mac: '02:00:00:00:00:02'}", "ens1f0"),
+                    ("{pci: '0000:03:00.0'}", "eno1")):
+        text = f"network:\n  interfaces:\n    - match: {m}\n      mtu: 9000\n"
+        r = engine(tmp_path, b, text=text, only=["link"]).verify()
+        assert [x.target for x in r] == [want]
+
+
+def test_renderers_carry_the_same_result(tmp_path):
+    res = engine(tmp_path).verify()
+    doc = json.loads(to_json(res))
+    assert len(doc["results"]) == len(res) and all(f["status"] != "ok" for f in doc["failures"])
+    prom = to_prometheus(res)
+    assert 'hkgpu_tune_setting_status{subsystem="sysctl",target="host",key="net.core.rmem_max",status="drift"} 1' in prom
+    assert f"hkgpu_tune_failures {len(doc['failures'])}" in prom
+    junit = to_junit(res)
+    assert junit.count("<testcase") == len(res) and 'failures="%d"' % len(doc["failures"]) in junit
+
+
+def test_only_rejects_unknown_subsystem(tmp_path):
+    from hkgpu_tune.errors import HkError
+    with pytest.raises(HkError, match="unknown subsystem sysctrl"):
+        engine(tmp_path, only=["sysctrl"])
+
+
+def test_apply_error_type(tmp_path):
+    assert issubclass(ApplyError, Exception)

@@ -1,0 +1,34 @@
+import os
+
+from hkgpu_tune.persist import mtu_owner
+
+LINK = {"name": "ens1f0", "mac": "0c:42:a1:00:00:01"}
+
+
+def write(root, rel, text):
+    p = os.path.join(root, rel)
+    os.makedirs(os.path.dirname(p), exist_ok=True)
+    open(p, "w").write(text)
+    return p
+
+
+def test_no_owner(tmp_path):
+    assert mtu_owner(str(tmp_path), LINK) is None
+
+
+def test_netplan_by_name_and_by_mac(tmp_path):
+    f = write(tmp_path, "etc/netplan/50-cloud-init.yaml",
+              "network:\n  version: 2\n  ethernets:\n    data0:\n      match: {macaddress: '0C:42:A1:00:00:01'}\n")
+    assert mtu_owner(str(tmp_path), LINK) == ("netplan", f"{f}:ethernets:data0")
+
+
+def test_networkmanager_keyfile(tmp_path):
+    f = write(tmp_path, "etc/NetworkManager/system-connections/data.nmconnection",
+              "[connection]\nid=data\ntype=ethernet\ninterface-name=ens1f0\n")
+    assert mtu_owner(str(tmp_path), LINK) == ("NetworkManager", f)
+
+
+def test_networkd_glob(tmp_path):
+    f = write(tmp_path, "etc/systemd/network/10-data.network", "[Match]\nName=ens1f*\n[Network]\nDHCP=no\n")
+    write(tmp_path, "etc/systemd/network/20-other.network", "[Match]\nName=eno*\n")
+    assert mtu_owner(str(tmp_path), LINK) == ("systemd-networkd", f)
