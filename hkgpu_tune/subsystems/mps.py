@@ -1,0 +1,319 @@
+"""CUDA MPS as a host service: directories, the systemd unit (rendered here), the daemon, its settings.
+
+Profile section:
+
+    mps:
+      enabled: true
+      pipe_dir: /run/nvidia-mps          # CUDA_MPS_PIPE_DIRECTORY
+      log_dir: /var/log/nvidia-mps       # CUDA_MPS_LOG_DIRECTORY
+      gpus: all                          # or [0, 1]
+      default_active_thread_percentage: 50
+      default_pinned_mem_limit: "0=16G,1=16G"
+      user: root
+      unit: nvidia-mps.service
+
+Where systemd runs, apply installs the unit and enables it; elsewhere (containers, the GPU test
+machine) it starts `nvidia-cuda-mps-control -d` directly. Either way the settings are sent through
+the control pipe after start and read back by the health probe.
+"""
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shlex
+from dataclasses import dataclass
+
+from ..backends.mps import CONTROL, mps_env
+from ..errors import HkError, UnsupportedError
+from ..report import DRIFT, ERROR, OK, UNSUPPORTED
+from .base import Subsystem
+from .gpu import parse_gpus, select
+
+SIZE_RE = r"[0-9]+[KMGT]?"
+DIR_MODES = {"pipe_dir": 0o755, "log_dir": 0o750}
+
+
+@dataclass(frozen=True)
+class MpsProfile:
+    enabled: bool = True
+    pipe_dir: str = "/run/nvidia-mps"
+    log_dir: str = "/var/log/nvidia-mps"
+    gpus: tuple[int, ...] | None = None
+    default_active_thread_percentage: int | None = None
+    default_pinned_mem_limit: tuple[tuple[int, str], ...] = ()
+    user: str = "root"
+    unit: str = "nvidia-mps.service"
+
+
+def _abs_dir(n):
+    v = n.string(r"/[A-Za-z0-9_./-]*", "an absolute directory path")
+    if "/../" in v + "/" or v.rstrip("/") == "":
+        raise n.error(f"expected an absolute directory path without '..', got {v!r}")
+    return v.rstrip("/")
+
+
+def parse_profile(n) -> MpsProfile:
+    m = n.mapping(("enabled", "pipe_dir", "log_dir", "gpus", "default_active_thread_percentage",
+                   "default_pinned_mem_limit", "user", "unit"))
+    kw = {}
+    if "enabled" in m:
+        kw["enabled"] = m["enabled"].boolean()
+    for k in ("pipe_dir", "log_dir"):
+        if k in m:
+            kw[k] = _abs_dir(m[k])
+    if "gpus" in m:
+        kw["gpus"] = parse_gpus(m["gpus"])
+    if "default_active_thread_percentage" in m:
+        kw["default_active_thread_percentage"] = m["default_active_thread_percentage"].integer(1, 100)
+    if "default_pinned_mem_limit" in m:
+        node = m["default_pinned_mem_limit"]
+        v = node.string(rf"[0-9]+={SIZE_RE}(,[0-9]+={SIZE_RE})*", "device=size pairs such as '0=16G,1=16G'")
+        pairs = tuple((int(d), s) for d, s in (p.split("=") for p in v.split(",")))
+        if len({d for d, _ in pairs}) != len(pairs):
+            raise node.error("a device is listed twice")
+        kw["default_pinned_mem_limit"] = pairs
+    if "user" in m:
+        kw["user"] = m["user"].string(r"[a-z_][a-z0-9_-]{0,31}", "a user name")
+    if "unit" in m:
+        kw["unit"] = m["unit"].string(r"[A-Za-z0-9_.@-]+\.service", "a unit name ending in .service")
+    return MpsProfile(**kw)
+
+
+def to_bytes(size: str | None) -> int | None:
+    """'16G' -> bytes (MPS sizes are binary multiples)."""
+    if size is None:
+        return None
+    mt = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]?)B?\s*", str(size), re.I)
+    if not mt:
+        return None
+    return int(float(mt.group(1)) * 1024 ** " KMGT".index(mt.group(2).upper() or " "))
+
+
+def render_unit(cfg: MpsProfile, exe: str = f"/usr/bin/{CONTROL}", gpus=None) -> str:
+    """The systemd unit that runs the MPS control daemon with this profile's settings."""
+    env = mps_env(cfg.pipe_dir, cfg.log_dir, gpus)
+    post = [f"set_default_active_thread_percentage {cfg.default_active_thread_percentage}"] \
+        if cfg.default_active_thread_percentage else []
+    post += [f"set_default_device_pinned_mem_limit {d} {s}" for d, s in cfg.default_pinned_mem_limit]
+    q = shlex.quote
+    lines = [
+        "# Rendered by hkgpu-tune (mps subsystem); changes here are reported as drift.",
+        "[Unit]",
+        "Description=NVIDIA CUDA MPS control daemon",
+        "After=nvidia-persistenced.service",
+        "Wants=nvidia-persistenced.service",
+        "",
+        "[Service]",
+        "Type=forking",
+        f"User={cfg.user}",
+        *[f"Environment={k}={v}" for k, v in env.items()],
+        f"ExecStartPre=+/usr/bin/install -d -m 0755 -o {cfg.user} {q(cfg.pipe_dir)}",
+        f"ExecStartPre=+/usr/bin/install -d -m 0750 -o {cfg.user} {q(cfg.log_dir)}",
+        f"ExecStart={exe} -d",
+        *[f"ExecStartPost=/bin/sh -c {q(f'echo {c} | {exe}')}" for c in post],
+        f"ExecStop=/bin/sh -c {q(f'echo quit | {exe}')}",
+        "Restart=on-failure",
+        "",
+        "[Install]",
+        "WantedBy=multi-user.target",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def make_dir(path: str, mode: int, user: str) -> None:
+    """Create (or fix) a directory with this mode, owned by `user` when we are root."""
+    os.makedirs(path, mode=mode, exist_ok=True)
+    os.chmod(path, mode)
+    if os.geteuid() == 0:
+        pw = pwd.getpwnam(user)
+        os.chown(path, pw.pw_uid, pw.pw_gid)
+
+
+def dir_state(path: str) -> str | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    try:
+        owner = pwd.getpwuid(st.st_uid).pw_name
+    except KeyError:
+        owner = str(st.st_uid)
+    return f"{st.st_mode & 0o7777:04o} {owner}"
+
+
+class Plugin(Subsystem):
+    name = "mps"
+    section = "mps"
+
+    @property
+    def cfg(self) -> MpsProfile:
+        return self.profile.section("mps") or MpsProfile()
+
+    @property
+    def mps(self):
+        m = self.b.__dict__.get("mps")
+        if m is None:
+            from ..backends.mps import MpsControl
+            m = self.b.__dict__["mps"] = MpsControl(self.b.cmd)
+        return m
+
+    def _gpus(self):
+        """Indices MPS serves (None = all) and the compute modes of those GPUs, or a reason."""
+        try:
+            idx, _ = select(self.b.nvml, self.cfg.gpus)
+            modes = {i: self.b.nvml.gpu(i, ("compute_mode",))["compute_mode"] for i in idx}
+            return idx, modes, ""
+        except UnsupportedError as e:
+            return self.cfg.gpus, {}, str(e)
+
+    def read(self) -> dict:
+        c = self.cfg
+        st = {"binary": self.mps.binary(), "dirs": {k: dir_state(getattr(c, k)) for k in DIR_MODES}}
+        gpus, st["compute_modes"], st["nvml"] = self._gpus()
+        st["gpus"] = list(gpus) if gpus is not None else None
+        sd = self.b.systemd
+        st["systemd"] = sd.available()
+        if st["systemd"]:
+            st["unit"] = {"text": sd.read_unit(c.unit), "active": sd.is_active(c.unit), "enabled": sd.is_enabled(c.unit)}
+        st["health"] = {"alive": False}
+        st["pinned_mem_limit"] = {}
+        if st["binary"]:
+            try:
+                st["health"] = self.mps.health(c.pipe_dir)
+                if st["health"]["alive"]:
+                    for d, _ in c.default_pinned_mem_limit:
+                        st["pinned_mem_limit"][d] = self.mps.send(c.pipe_dir, f"get_default_device_pinned_mem_limit {d}")
+            except HkError as e:
+                st["health"] = {"alive": False, "error": str(e)}
+        return st
+
+    def _unit_text(self, st):
+        return render_unit(self.cfg, st["binary"] or f"/usr/bin/{CONTROL}", self.cfg.gpus)
+
+    def compare(self, st):
+        c, res = self.cfg, []
+        if not st["binary"]:
+            why = f"{CONTROL} not found (NVIDIA driver utilities not installed)"
+            return [self.result("mps", "daemon", None, "running" if c.enabled else "stopped",
+                                UNSUPPORTED if c.enabled else OK, why, required=c.enabled)]
+        want_daemon = "running" if c.enabled else "stopped"
+        if c.enabled:
+            for k, mode in DIR_MODES.items():
+                want = f"{mode:04o} {c.user}"
+                cur = st["dirs"].get(k)
+                if cur == want:
+                    res.append(self.result("mps", k, cur, want, OK, getattr(c, k)))
+                else:
+                    res.append(self.result("mps", k, cur, want, DRIFT, f"{getattr(c, k)}: "
+                                           + ("missing" if cur is None else "mode or owner differs"),
+                                           write=want, data={"path": getattr(c, k), "mode": mode}))
+            if st["systemd"]:
+                text = self._unit_text(st)
+                cur = st["unit"]["text"]
+                if cur == text:
+                    res.append(self.result("mps", "unit", c.unit, c.unit, OK))
+                else:
+                    res.append(self.result("mps", "unit", None if cur is None else "differs", c.unit, DRIFT,
+                                           "unit file missing" if cur is None else "unit file differs from the profile",
+                                           write=text, data={"unit": c.unit, "old": cur}))
+            else:
+                res.append(self.result("mps", "unit", None, c.unit, UNSUPPORTED,
+                                       f"{self.b.systemd.why_not()}: the daemon is started directly",
+                                       required=False))
+        h = st["health"]
+        cur_daemon = "running" if h.get("alive") else "stopped"
+        if cur_daemon == want_daemon:
+            res.append(self.result("mps", "daemon", cur_daemon, want_daemon, OK,
+                                   f"servers {h.get('servers')}" if h.get("alive") else ""))
+        else:
+            res.append(self.result("mps", "daemon", cur_daemon, want_daemon, DRIFT,
+                                   h.get("error") or ("not answering on " + c.pipe_dir if c.enabled
+                                                      else "running but the profile disables it"),
+                                   write=want_daemon, data={"systemd": st["systemd"]}))
+        if not c.enabled:
+            return res
+        down = "" if h.get("alive") else " (daemon not running: sent after start)"
+        if c.default_active_thread_percentage is not None:
+            cur, want = h.get("default_active_thread_percentage"), float(c.default_active_thread_percentage)
+            res.append(self.result("mps", "default_active_thread_percentage", cur, want,
+                                   OK if cur == want else DRIFT, "" if cur == want else "differs" + down,
+                                   write=want if cur != want else None))
+        for d, size in c.default_pinned_mem_limit:
+            cur = st["pinned_mem_limit"].get(d)
+            same = cur is not None and to_bytes(cur) == to_bytes(size)
+            res.append(self.result(f"mps dev{d}", "default_pinned_mem_limit", cur, size,
+                                   OK if same else DRIFT, "" if same else "differs" + down,
+                                   write=None if same else size, data={"device": d}))
+        # MPS needs compute mode default or exclusive_process on the GPUs it serves
+        if st["nvml"]:
+            res.append(self.result("mps", "compute_mode", None, "default|exclusive_process", UNSUPPORTED, st["nvml"]))
+        for i, mode in sorted(st["compute_modes"].items()):
+            if mode in ("default", "exclusive_process"):
+                res.append(self.result(f"gpu{i}", "compute_mode", mode, "default|exclusive_process", OK,
+                                       "" if mode == "exclusive_process" else
+                                       "works with MPS; exclusive_process keeps non-MPS clients off the GPU",
+                                       required=False))
+            else:
+                res.append(self.result(f"gpu{i}", "compute_mode", mode, "default|exclusive_process", DRIFT,
+                                       f"MPS cannot serve a GPU in {mode} mode: set gpu.compute_mode"))
+        return res
+
+    # ------------------------------------------------------------ write
+    def write(self, target, key, value, data):
+        c = self.cfg
+        if key in DIR_MODES:
+            if value is not None:  # restore: the old mode and owner; a directory we created stays (logs)
+                mode, owner = value.split()
+                make_dir(data["path"], int(mode, 8), owner if not owner.isdigit() else c.user)
+            return
+        if key == "unit":
+            self.b.systemd.write_unit(data["unit"], value if value not in (None, "differs") else data.get("old"))
+            self.b.systemd.daemon_reload()
+            return
+        if key == "daemon":
+            if value == "running":
+                self.start(data.get("systemd"))
+            elif value == "stopped":
+                self.stop(data.get("systemd"))
+            return
+        if value is None:
+            return
+        if key == "default_active_thread_percentage":
+            self.mps.send(c.pipe_dir, f"set_default_active_thread_percentage {int(float(value))}")
+        elif key == "default_pinned_mem_limit":
+            self.mps.send(c.pipe_dir, f"set_default_device_pinned_mem_limit {data['device']} {value}")
+
+    # ------------------------------------------------------------ library verbs (also `hkgpu-tune mps`)
+    def start(self, use_systemd: bool | None = None) -> dict:
+        """Start the daemon (systemd unit where systemd runs, else directly), send the settings, probe."""
+        c = self.cfg
+        for k, mode in DIR_MODES.items():
+            make_dir(getattr(c, k), mode, c.user)
+        if use_systemd is None:
+            use_systemd = self.b.systemd.available()
+        if use_systemd:
+            self.b.systemd.enable(c.unit)
+        elif not self.mps.alive(c.pipe_dir):
+            self.mps.start(c.pipe_dir, c.log_dir, gpus=c.gpus, user=c.user)
+        self.configure()
+        return self.mps.health(c.pipe_dir)
+
+    def configure(self) -> None:
+        c = self.cfg
+        if c.default_active_thread_percentage is not None:
+            self.mps.send(c.pipe_dir, f"set_default_active_thread_percentage {c.default_active_thread_percentage}")
+        for d, size in c.default_pinned_mem_limit:
+            self.mps.send(c.pipe_dir, f"set_default_device_pinned_mem_limit {d} {size}")
+
+    def stop(self, use_systemd: bool | None = None) -> None:
+        c = self.cfg
+        if use_systemd is None:
+            use_systemd = self.b.systemd.available()
+        if use_systemd:
+            self.b.systemd.disable(c.unit)
+        self.mps.stop(c.pipe_dir)
+
+    def health(self) -> dict:
+        return self.mps.health(self.cfg.pipe_dir)
