@@ -171,4 +171,12 @@ def main(argv=None) -> None:
         code = EXIT_ERROR
     except KeyboardInterrupt:
         code = 130
+    except OSError as e:  # an answer from the kernel we did not map: one line, keep the errno
+        print(f"hkgpu-tune: error: {e.__class__.__name__}: {e}", file=sys.stderr)
+        code = EXIT_ERROR
+    except Exception as e:  # noqa: BLE001 - pyroute2's NetlinkError is not an OSError
+        if type(e).__name__ != "NetlinkError":
+            raise
+        print(f"hkgpu-tune: error: netlink: {e}", file=sys.stderr)
+        code = EXIT_ERROR
     sys.exit(code)

@@ -100,10 +100,12 @@ class Net:
     def route_mtu(self, prefix: str) -> tuple[bool, int | None]:
         """(route exists, its mtu metric or None)."""
         dst, plen = prefix.split("/")
-        for r in self.ip.get_routes(family=socket.AF_INET, dst=dst, dst_len=int(plen)):
-            if r["dst_len"] != int(plen):
+        for r in self.ip.get_routes(family=socket.AF_INET, table=254):  # a dump, not a lookup
+            if r["dst_len"] != int(plen) or r.get_attr("RTA_DST") != dst:
                 continue
             m = r.get_attr("RTA_METRICS")
+            if isinstance(m, dict):
+                return True, dict(m.get("attrs", [])).get("RTAX_MTU")
             return True, (m.get_attr("RTAX_MTU") if m else None)
         return False, None
 
@@ -120,7 +122,7 @@ class Net:
             elif mtu is None:
                 self.ip.route("replace", **args)
             else:
-                self.ip.route("replace", metrics={"attrs": [("RTAX_MTU", int(mtu))]}, **args)
+                self.ip.route("replace", metrics={"mtu": int(mtu)}, **args)
         except Exception as e:  # noqa: BLE001
             raise _wrap(e, f"route {prefix} mtu {mtu}") from None
 

@@ -25,6 +25,13 @@ class ProcSys:
         except PermissionError as e:
             raise HkError(f"sysctl {key}: cannot read: {e.strerror}", e.errno) from None
 
+    def read_only(self, key: str) -> bool:
+        """True where the kernel offers no write (global keys seen from a non-initial namespace)."""
+        try:
+            return not (os.stat(self.path(key)).st_mode & 0o222)
+        except OSError:
+            return False
+
     def write(self, key: str, value: str) -> None:
         try:
             with open(self.path(key), "w") as f:

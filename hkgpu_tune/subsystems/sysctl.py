@@ -31,6 +31,11 @@ class Plugin(Subsystem):
             elif cur is None:
                 res.append(self.result("host", s.key, None, s.value, UNSUPPORTED,
                                        "no such sysctl in this kernel or network namespace", **kw))
+            elif not same(cur, s.value) and not (s.compare == "at_least" and at_least(cur, s.value)) \
+                    and self._read_only(s.key):
+                res.append(self.result("host", s.key, cur, s.value, UNSUPPORTED,
+                                       "read-only here: a global setting owned by the initial network namespace",
+                                       **kw))
             elif same(cur, s.value):
                 res.append(self.result("host", s.key, cur, s.value, OK, **kw))
             elif s.compare == "at_least" and at_least(cur, s.value):
@@ -48,6 +53,10 @@ class Plugin(Subsystem):
                                        "below the desired value" if s.compare == "at_least" else "differs",
                                        write=want, **kw))
         return res
+
+    def _read_only(self, key) -> bool:
+        ro = getattr(self.b.sysctl, "read_only", None)
+        return bool(ro and ro(key))
 
     def _unsupported_value(self, s, cur) -> str:
         # a qdisc name the kernel lacks cannot be the default qdisc
