@@ -1,0 +1,470 @@
+"""Launch tritonserver: a systemd unit, a container command, or (without systemd) a supervised process.
+
+>>> print(render_unit(t, placement={"cpus": [0, 1], "mems": [0], "numa_node": 0, "source": "test"}))  # doctest: +SKIP
+[Unit]
+...
+>>> start(t); wait_ready(t); stop(t)       # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import grp
+import importlib.util
+import json
+import os
+import pwd
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+
+from ..errors import HkError, UnsupportedError
+from . import client
+
+PID_FILE = "tritonserver.json"
+LOG_FILE = "tritonserver.log"
+CONTAINER_REPO = "/models"
+UNIT_DIR = "/etc/systemd/system"
+
+
+# ---------------------------------------------------------------- where the server is
+def pytriton_root() -> str:
+    spec = importlib.util.find_spec("pytriton")
+    if spec is None or not spec.submodule_search_locations:
+        raise HkError("triton: server 'pytriton' needs the nvidia-pytriton wheel (pip install nvidia-pytriton)")
+    root = os.path.join(list(spec.submodule_search_locations)[0], "tritonserver")
+    if not os.path.isfile(os.path.join(root, "bin", "tritonserver")):
+        raise HkError(f"triton: no tritonserver in the nvidia-pytriton wheel at {root}")
+    return root
+
+
+def server_binary(t) -> str:
+    if t.server == "pytriton":
+        return os.path.join(pytriton_root(), "bin", "tritonserver")
+    if not os.path.isfile(t.server) or not os.access(t.server, os.X_OK):
+        raise HkError(f"triton: server binary {t.server} does not exist or is not executable")
+    return t.server
+
+
+def backend_directory(t) -> str:
+    """The wheel ships the Python backend without its stub: a directory of our own holds both."""
+    if t.server == "pytriton":
+        return os.path.join(os.path.dirname(t.model_repository.rstrip("/")) or "/", "triton-backends")
+    return os.path.join(os.path.dirname(os.path.dirname(t.server)), "backends")
+
+
+def prepare_backends(t) -> str:
+    """Copy the wheel's Python backend and the stub for this Python into backend_directory (idempotent)."""
+    d = backend_directory(t)
+    if t.server != "pytriton":
+        return d
+    root = pytriton_root()
+    ver = t.python_stub or f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = os.path.join(root, "python_backend_stubs", ver, "triton_python_backend_stub")
+    if not os.path.isfile(stub):
+        have = sorted(os.listdir(os.path.join(root, "python_backend_stubs")))
+        raise HkError(f"triton: the wheel has no Python backend stub for Python {ver} (has {', '.join(have)})")
+    dst = os.path.join(d, "python")
+    os.makedirs(dst, exist_ok=True)
+    for src in (os.path.join(root, "backends", "python", "libtriton_python.so"),
+                os.path.join(root, "backends", "python", "triton_python_backend_utils.py"), stub):
+        out = os.path.join(dst, os.path.basename(src))
+        st = os.stat(src)
+        try:
+            o = os.stat(out)
+            if o.st_size == st.st_size and o.st_mtime >= st.st_mtime:
+                continue
+        except FileNotFoundError:
+            pass
+        shutil.copy2(src, out + ".tmp")
+        os.replace(out + ".tmp", out)
+    return d
+
+
+def server_env(t) -> dict[str, str]:
+    """What the binary needs beyond the caller's environment (the wheel's libraries, the GPU)."""
+    env = {}
+    if t.server == "pytriton":
+        site = os.path.dirname(os.path.dirname(pytriton_root()))
+        libs = [os.path.join(site, "nvidia_pytriton.libs"), sysconfig.get_config_var("LIBDIR") or ""]
+        env["LD_LIBRARY_PATH"] = ":".join(p for p in libs if p)
+        env["PYTHONPATH"] = sysconfig.get_paths()["purelib"]
+    if t.gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(t.gpu)
+    return env
+
+
+def server_args(t, repository: str | None = None) -> list[str]:
+    """tritonserver options: repository, ports and bind addresses, strict readiness."""
+    args = [f"--model-repository={repository or t.model_repository}"]
+    if t.launch == "binary":
+        args.append(f"--backend-directory={backend_directory(t)}")
+    args += [f"--http-address={t.http.address}", f"--http-port={t.http.port}",
+             f"--grpc-address={t.grpc.address}", f"--grpc-port={t.grpc.port}",
+             f"--metrics-address={t.metrics.address}", f"--metrics-port={t.metrics.port}",
+             "--allow-metrics=true", "--strict-readiness=true", "--exit-on-error=true",
+             f"--exit-timeout-secs={int(t.gate.stop_timeout_s)}"]
+    return args + list(t.extra_args)
+
+
+# ---------------------------------------------------------------- placement
+def cpu_list(cpus) -> str:
+    """[0,1,2,5] -> '0-2,5' (the form systemd and docker read)."""
+    cpus = sorted(set(int(c) for c in cpus))
+    out, i = [], 0
+    while i < len(cpus):
+        j = i
+        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
+            j += 1
+        out.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
+        i = j + 1
+    return ",".join(out)
+
+
+def placement(t, backends=None) -> dict:
+    """CPUs and NUMA nodes local to the service's GPU, from the affinity subsystem."""
+    try:
+        from ..subsystems.affinity import service_placement
+    except ImportError:
+        service_placement = None
+    if service_placement is not None and t.gpu is not None:
+        if backends is None:
+            from ..backends import Backends
+            backends = Backends()
+        try:
+            p = dict(service_placement(backends, t.gpu))
+            if p.get("cpus"):
+                return p
+        except HkError as e:
+            return {"cpus": sorted(os.sched_getaffinity(0)), "mems": [], "numa_node": None,
+                    "source": f"affinity subsystem: {e}; all CPUs"}
+    return {"cpus": sorted(os.sched_getaffinity(0)), "mems": [], "numa_node": None,
+            "source": "affinity subsystem unavailable" if service_placement is None else "no GPU named; all CPUs"}
+
+
+# ---------------------------------------------------------------- the three forms
+def container_argv(t, place: dict, detach: bool = False) -> list[str]:
+    """docker/podman run for the NGC-style image: GPU, host network, memlock, shm, cpuset, repo read-only."""
+    if not t.image:
+        raise HkError("triton: the container form needs 'image'")
+    argv = [t.runtime, "run", "--rm", "--name", t.unit]
+    if detach:
+        argv.append("--detach")
+    if t.gpu is not None:
+        argv += ["--gpus", f"device={t.gpu}"]
+    argv += ["--network", "host", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
+             "--shm-size", t.shm_size]
+    if place.get("cpus"):
+        argv += ["--cpuset-cpus", cpu_list(place["cpus"])]
+    if place.get("mems"):
+        argv += ["--cpuset-mems", cpu_list(place["mems"])]
+    if t.user:
+        argv += ["--user", t.user]
+    argv += ["--volume", f"{os.path.abspath(t.model_repository)}:{CONTAINER_REPO}:ro", t.image, "tritonserver"]
+    return argv + server_args(t, CONTAINER_REPO)
+
+
+def command(t, place: dict | None = None) -> list[str]:
+    """The full argv the service runs, in its launch form."""
+    place = place if place is not None else placement(t)
+    if t.launch == "container":
+        return container_argv(t, place)
+    return [server_binary(t)] + server_args(t)
+
+
+HARDENING = [
+    "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes",
+    "ProtectKernelTunables=yes", "ProtectKernelModules=yes", "ProtectKernelLogs=yes", "ProtectControlGroups=yes",
+    "ProtectClock=yes", "ProtectHostname=yes", "RestrictSUIDSGID=yes", "RestrictRealtime=yes",
+    "LockPersonality=yes", "RestrictNamespaces=yes", "SystemCallArchitectures=native",
+    "CapabilityBoundingSet=", "AmbientCapabilities=",
+]
+DEFAULT_USER = "triton-server"
+
+
+def render_unit(t, place: dict | None = None) -> str:
+    """The systemd unit of the service (binary or container form)."""
+    place = place if place is not None else placement(t)
+    argv = command(t, place)
+    lines = ["[Unit]", "Description=Triton Inference Server (hkgpu-tune)",
+             "After=network-online.target nvidia-persistenced.service",
+             "Wants=network-online.target", ""]
+    lines += ["[Service]", "Type=simple"]
+    if t.launch == "binary":
+        user = t.user or DEFAULT_USER
+        lines += [f"User={user}", f"Group={user}"]
+        for k, v in sorted(server_env(t).items()):
+            lines.append(f"Environment={shlex.quote(f'{k}={v}')}")
+        lines += [f"ReadOnlyPaths={t.model_repository}", "ReadWritePaths=/dev/shm"]
+        lines += HARDENING
+        lines.append("ExecStart=" + shlex.join(argv))
+    else:  # the runtime needs root; the server inside runs as the image's or the profile's user
+        lines.append(f"ExecStartPre=-{shutil.which(t.runtime) or t.runtime} rm --force {t.unit}")
+        lines.append("ExecStart=" + shlex.join(argv))
+        lines.append(f"ExecStop={t.runtime} stop --time {int(t.gate.stop_timeout_s)} {t.unit}")
+        lines += ["NoNewPrivileges=yes", "PrivateTmp=yes", "ProtectHome=yes"]
+    lines += ["LimitMEMLOCK=infinity", "LimitNOFILE=1048576", "LimitSTACK=67108864"]
+    if place.get("cpus"):
+        lines.append(f"CPUAffinity={cpu_list(place['cpus'])}")
+    if place.get("mems"):
+        lines += ["NUMAPolicy=bind", f"NUMAMask={cpu_list(place['mems'])}"]
+    lines += [f"# placement: {place.get('source', '')}",
+              "Restart=on-failure", "RestartSec=5", f"TimeoutStopSec={int(t.gate.stop_timeout_s) + 10}",
+              "KillMode=control-group", "", "[Install]", "WantedBy=multi-user.target", ""]
+    return "\n".join(lines)
+
+
+def unit_path(t, root: str = "/") -> str:
+    return os.path.join(root, UNIT_DIR.lstrip("/"), f"{t.unit}.service")
+
+
+def systemd_running() -> bool:
+    return os.path.isdir("/run/systemd/system")
+
+
+def supervisor(t) -> str:
+    if t.supervisor != "auto":
+        return t.supervisor
+    return "systemd" if systemd_running() else "process"
+
+
+# ---------------------------------------------------------------- start / status / stop
+def _state_path(t) -> str:
+    return os.path.join(t.run_dir, PID_FILE)
+
+
+def _load_state(t) -> dict | None:
+    try:
+        with open(_state_path(t)) as f:
+            return json.load(f)
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _alive(st: dict | None) -> bool:
+    if not st:
+        return False
+    import psutil
+    try:
+        p = psutil.Process(st["pid"])
+        return abs(p.create_time() - st["create_time"]) < 1 and p.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError):
+        return False
+
+
+def _systemctl(backends, *args, check=True):
+    from ..backends.command import Command
+    cmd = getattr(backends, "cmd", None) if backends is not None else None
+    r = (cmd or Command()).run(["systemctl", *args], timeout=90)
+    if check and r.rc != 0:
+        raise HkError(f"systemctl {' '.join(args)}: {(r.err or r.out).strip()}")
+    return r
+
+
+def status(t, backends=None) -> dict:
+    """{'active': bool, 'state': str, 'target': str, 'pid': int|None, 'reason': str}"""
+    if supervisor(t) == "systemd":
+        r = _systemctl(backends, "is-active", f"{t.unit}.service", check=False)
+        state = (r.out or r.err).strip() or "unknown"
+        return {"active": state == "active", "state": state, "target": f"{t.unit}.service", "pid": None,
+                "reason": "" if state == "active" else f"systemctl is-active: {state}"}
+    st = _load_state(t)
+    if _alive(st):
+        return {"active": True, "state": "running", "target": f"process {st['pid']}", "pid": st["pid"],
+                "reason": f"started {time.strftime('%H:%M:%S', time.localtime(st['started']))}, no systemd"}
+    why = "not started" if st is None else f"process {st['pid']} is gone (see {st.get('log')})"
+    return {"active": False, "state": "stopped", "target": t.unit, "pid": None, "reason": why}
+
+
+def check_ports(t) -> None:
+    for key in ("http", "grpc", "metrics"):
+        ep = getattr(t, key)
+        if not client.port_free(ep.address, ep.port):
+            raise HkError(f"triton: the {key} port {ep.port} on {ep.address} is already in use "
+                          f"(another server? pick a free port under triton.{key}.port)")
+
+
+def _check_repository(t) -> None:
+    for m in t.models:
+        if not os.path.isfile(os.path.join(t.model_repository, m.name, "config.pbtxt")):
+            raise HkError(f"triton: model {m.name} is not rendered in {t.model_repository} "
+                          f"(run: hkgpu-tune triton render)")
+
+
+def _user_ids(name: str):
+    try:
+        pw = pwd.getpwnam(name)
+    except KeyError:
+        raise HkError(f"triton: user {name!r} does not exist (create it: useradd --system {name})") from None
+    return pw.pw_uid, pw.pw_gid, pw.pw_dir
+
+
+def start(t, backends=None, place: dict | None = None) -> dict:
+    """Start the service (no-op if it runs). Returns status() plus the argv and log path."""
+    cur = status(t, backends)
+    if cur["active"]:
+        return cur
+    from . import render
+    if t.launch == "binary":
+        server_binary(t)
+        prepare_backends(t)
+    _check_repository(t)
+    render.repository_state(t)  # re-checks config.pbtxt against the schema
+    place = place if place is not None else placement(t, backends)
+    if supervisor(t) == "systemd":
+        text = render_unit(t, place)
+        path = unit_path(t)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+        _systemctl(backends, "daemon-reload")
+        _systemctl(backends, "enable", "--now", f"{t.unit}.service")
+        return status(t, backends)
+    check_ports(t)
+    argv = command(t, place)
+    if t.launch == "container" and shutil.which(t.runtime) is None:
+        raise UnsupportedError(f"triton: container runtime {t.runtime} not found")
+    os.makedirs(t.run_dir, exist_ok=True)
+    log = os.path.join(t.run_dir, LOG_FILE)
+    env = dict(os.environ)
+    env.update(server_env(t) if t.launch == "binary" else {})
+    kw = {}
+    if t.user and t.launch == "binary":
+        if os.geteuid() == 0:
+            uid, gid, home = _user_ids(t.user)
+            kw.update(user=uid, group=gid, extra_groups=[g.gr_gid for g in grp.getgrall() if t.user in g.gr_mem])
+            env["HOME"] = home
+        elif pwd.getpwuid(os.geteuid()).pw_name != t.user:
+            raise HkError(f"triton: starting as user {t.user} needs root")
+    cpus = place.get("cpus") or []
+    with open(log, "ab") as logf:
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, env=env,
+                                    cwd="/", start_new_session=True, close_fds=True, **kw)
+        except OSError as e:
+            raise HkError(f"triton: cannot start {argv[0]}: {e.strerror}") from None
+    if cpus and t.launch == "binary":
+        try:  # before it loads models (threads created later inherit the mask)
+            os.sched_setaffinity(proc.pid, cpus)
+        except OSError:
+            pass
+    import psutil
+    st = {"pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time(), "argv": argv, "log": log,
+          "started": time.time(), "placement": place, "launch": t.launch}
+    with open(_state_path(t) + ".tmp", "w") as f:
+        json.dump(st, f)
+    os.replace(_state_path(t) + ".tmp", _state_path(t))
+    _CHILDREN[proc.pid] = proc
+    return status(t, backends) | {"argv": argv, "log": log}
+
+
+_CHILDREN: dict[int, subprocess.Popen] = {}  # started by this process: reaped on stop
+
+
+def log_tail(t, lines: int = 15) -> str:
+    try:
+        with open(os.path.join(t.run_dir, LOG_FILE), "rb") as f:
+            f.seek(0, 2)
+            f.seek(max(0, f.tell() - 16384))
+            text = f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return ""
+    keep = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(("+", "|"))]
+    return "\n".join(keep[-lines:])
+
+
+def wait_ready(t, backends=None, timeout: float | None = None) -> float:
+    """Poll /v2/health/ready (and each model) until 200 or the timeout; returns the seconds waited.
+
+    With --strict-readiness the server is ready only when every model is. Raises with the log tail
+    when the process exits first."""
+    timeout = t.gate.ready_timeout_s if timeout is None else timeout
+    t0 = time.monotonic()
+    c = client.Client(t.http.host, t.http.port, timeout=2)
+    delay = 0.02
+    try:
+        while True:
+            if c.ready() and all(c.model_ready(m.name) for m in t.models):
+                return time.monotonic() - t0
+            st = status(t, backends)
+            if not st["active"] and supervisor(t) == "process":
+                _reap(t)
+                raise HkError(f"triton: the server exited before it was ready ({st['reason']}):\n{log_tail(t)}")
+            if time.monotonic() - t0 > timeout:
+                raise HkError(f"triton: not ready after {timeout:.0f} s (/v2/health/ready on "
+                              f"{t.http.host}:{t.http.port}):\n{log_tail(t)}")
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.25)
+    finally:
+        c.close()
+
+
+def _reap(t) -> None:
+    st = _load_state(t)
+    if st and st["pid"] in _CHILDREN and _CHILDREN[st["pid"]].poll() is not None:
+        del _CHILDREN[st["pid"]]
+
+
+def _group_members(pgid: int) -> list[int]:
+    import psutil
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p.pid)
+        except (OSError, psutil.Error):
+            continue
+    return out
+
+
+def stop(t, backends=None, timeout: float | None = None) -> dict:
+    """Stop the service; in process form SIGTERM the whole process group (server and backend stubs),
+    poll until none is left, SIGKILL what remains after the timeout. Returns what happened."""
+    timeout = t.gate.stop_timeout_s if timeout is None else timeout
+    if supervisor(t) == "systemd":
+        _systemctl(backends, "stop", f"{t.unit}.service")
+        return {"stopped": True, "how": "systemctl stop", "left": []}
+    st = _load_state(t)
+    if not _alive(st):
+        _reap(t)
+        _clear_state(t)
+        return {"stopped": False, "how": "was not running", "left": []}
+    pid = st["pid"]
+    t0 = time.monotonic()
+    if st.get("launch") == "container":
+        from ..backends.command import Command
+        Command().run([t.runtime, "stop", "--time", str(int(timeout)), t.unit], timeout=timeout + 10)
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    how = "SIGTERM"
+    while _group_members(pid) and time.monotonic() - t0 < timeout:
+        _reap(t)
+        time.sleep(0.05)
+    left = _group_members(pid)
+    if left:
+        how = "SIGKILL after timeout"
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + 5
+        while _group_members(pid) and time.monotonic() < deadline:
+            _reap(t)
+            time.sleep(0.05)
+    if pid in _CHILDREN:
+        _CHILDREN.pop(pid).wait(timeout=5)
+    left = _group_members(pid)
+    _clear_state(t)
+    return {"stopped": not left, "how": how, "seconds": round(time.monotonic() - t0, 2), "left": left}
+
+
+def _clear_state(t) -> None:
+    try:
+        os.unlink(_state_path(t))
+    except FileNotFoundError:
+        pass
