@@ -70,13 +70,15 @@ def run(argv=None) -> int:
     args = parser().parse_args(argv)
     if getattr(args, "extra_run", None):
         return args.extra_run(args)
-    from rich.console import Console
-
     from . import report
     from .engine import Engine
     from .profile import load_profile
 
-    con = Console(stderr=False, soft_wrap=False)
+    if args.json:
+        con = None  # rich is not needed for JSON: keep the command fast
+    else:
+        from rich.console import Console
+        con = Console(stderr=False, soft_wrap=False)
     from .errors import ProfileError
     from .profile import Profile
     try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
-from xml.sax.saxutils import escape
+from html import escape as _html_escape
 
 OK, DRIFT, UNSUPPORTED, ERROR = "ok", "drift", "unsupported", "error"
 STATUSES = (OK, DRIFT, UNSUPPORTED, ERROR)
@@ -139,6 +139,10 @@ def print_changes(changes, results=(), console=None, title="plan") -> None:
     console.print(f"{len(changes)} change(s), {len(skipped)} not applicable")
 
 
+def escape(s: str, _extra=None) -> str:
+    return _html_escape(str(s), quote=True)
+
+
 def _label(v: str) -> str:
     return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
 
@@ -165,10 +169,10 @@ def to_junit(results, name="hkgpu-tune verify") -> str:
     for r in results:
         case = f'<testcase classname="{escape(r.subsystem)}.{escape(r.target)}" name="{escape(r.key)}"'
         if r.failed:
-            msg = escape(f"{r.status}: current={_fmt(r.current)} desired={_fmt(r.desired)} {r.reason}", {'"': "&quot;"})
+            msg = escape(f"{r.status}: current={_fmt(r.current)} desired={_fmt(r.desired)} {r.reason}")
             out.append(f'{case}><failure message="{msg}"/></testcase>')
         elif r.status == UNSUPPORTED:
-            out.append(f'{case}><skipped message="{escape(r.reason, {chr(34): "&quot;"})}"/></testcase>')
+            out.append(f'{case}><skipped message="{escape(r.reason)}"/></testcase>')
         else:
             out.append(f"{case}/>")
     out.append("</testsuite>")
