@@ -330,6 +330,10 @@ class Plugin(Subsystem):
         from ..triton import render
         t, res = self.t, []
         for name, st in state["repository"].items():
+            if st.get("unsupported"):
+                res.append(self.result(name, "repository", st["current"], st["desired"], UNSUPPORTED,
+                                       st["unsupported"]))
+                continue
             res.append(self.result(name, "repository", st["current"], st["desired"],
                                    OK if st["current"] == st["desired"] else DRIFT,
                                    "" if st["current"] == st["desired"] else st["reason"],
@@ -357,7 +361,8 @@ class Plugin(Subsystem):
                 first = diffs[0]
                 res.append(self.result(m.name, "served_config", first[1], first[2], DRIFT,
                                        "; ".join(f"{p}: served {c!r}, profile {d!r}" for p, c, d in diffs)
-                                       + " (restart the service to serve the rendered repository)"))
+                                       + " (apply restarts the service to serve the rendered repository)",
+                                       write="restarted"))
             else:
                 res.append(self.result(m.name, "served_config", "as rendered", "as rendered", OK,
                                        f"{len(render.flat(m.config))} field(s) compared"))
@@ -370,6 +375,8 @@ class Plugin(Subsystem):
         from ..triton import launch, render
         if key == "repository":
             render.write_model(self.t, self.t.model(data["model"]))
+        elif key == "served_config":
+            pass  # after_apply restarts the service once for the whole batch
         elif key == "service":
             if value == "running":
                 launch.start(self.t, self.b)
@@ -381,6 +388,8 @@ class Plugin(Subsystem):
 
     def restore(self, change):
         from ..triton import launch, render
+        if change.key == "served_config":
+            return
         if change.key == "service" and change.current != "running":
             launch.stop(self.t, self.b)
         elif change.key == "repository" and change.current in (None, "absent"):
@@ -388,11 +397,18 @@ class Plugin(Subsystem):
         # a repository that existed before is left as rendered: its old text is not ours to keep
 
     def after_apply(self, changes):
-        from ..triton import gate
-        if any(c.key == "service" for c in changes):
-            rep = gate.run_gate(self.t)
-            if not rep.passed:
-                raise gate.GateFailed(rep.message)
+        """A running server serves what it loaded: restart it once when its repository changed;
+        then the gate (warm-up, load, p99 under the SLO) decides whether the deployment stays."""
+        from ..triton import gate, launch
+        started = any(c.key == "service" for c in changes)
+        if not started and any(c.key in ("repository", "served_config") for c in changes):
+            if launch.status(self.t, self.b)["active"]:
+                launch.stop(self.t, self.b)
+                launch.start(self.t, self.b)
+                launch.wait_ready(self.t)
+                started = True
+        if started:
+            gate.require(self.t)
 
     def facts(self) -> dict:
         from ..triton import launch

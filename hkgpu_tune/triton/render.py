@@ -254,7 +254,12 @@ def model_state(t, model) -> dict:
     elif have_file != want_file:
         reasons.append(f"{model.version}/{fname} differs from {model.model_file}")
     current = "absent" if have_cfg is None and have_file is None else f"{have_cfg or '-'}/{have_file or '-'}"
-    return {"current": current, "desired": f"{want_cfg}/{want_file}", "reason": "; ".join(reasons)}
+    out = {"current": current, "desired": f"{want_cfg}/{want_file}", "reason": "; ".join(reasons)}
+    if model.build and have_file is None:
+        from . import engine
+        if engine.trtexec_path() is None:
+            out["unsupported"] = engine.TRTEXEC_MISSING
+    return out
 
 
 def repository_state(t) -> dict:
@@ -281,7 +286,7 @@ def write_model(t, model, backends=None) -> list[str]:
             written.append(target)
     elif model.build:
         from . import engine
-        if engine.build_plan(model.build, target, model, backends).built:
+        if engine.build_plan(model.build, target, model, backends, gpu=t.gpu).built:
             written.append(target)
     return written
 
