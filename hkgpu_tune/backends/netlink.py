@@ -28,17 +28,42 @@ def _wrap(e, what: str):
     return ApplyError(f"{what}: {e}", code)
 
 
+_shared = {"ip": None, "users": 0}
+
+
+def _iproute():
+    """One netlink socket per process, shared by Net and Tc."""
+    if _shared["ip"] is None:
+        from pyroute2 import IPRoute
+        _shared["ip"] = IPRoute()
+    _shared["users"] += 1
+    return _shared["ip"]
+
+
+def _release():
+    _shared["users"] -= 1
+    if _shared["users"] <= 0 and _shared["ip"] is not None:
+        _shared["ip"].close()
+        _shared["ip"] = None
+
+
 class Net:
     """Links and routes."""
 
     def __init__(self):
-        from pyroute2 import IPRoute
-        self.ip = IPRoute()
+        self.ip = _iproute()
+        self._links = None
 
     def close(self):
-        self.ip.close()
+        _release()
 
     def links(self) -> list[dict]:
+        """Cached until this process changes a link (three subsystems read the same list)."""
+        if self._links is None:
+            self._links = self._read_links()
+        return [dict(x) for x in self._links]
+
+    def _read_links(self) -> list[dict]:
         out = []
         default = self.default_oif()
         for msg in self.ip.get_links():
@@ -91,6 +116,7 @@ class Net:
         return self.ip.get_links(index)[0].get_attr("IFLA_MTU")
 
     def set_mtu(self, index: int, mtu: int, name: str = "") -> None:
+        self._links = None
         try:
             self.ip.link("set", index=index, mtu=int(mtu))
         except Exception as e:  # noqa: BLE001 - NetlinkError carries errno
@@ -228,13 +254,49 @@ def _handle(h: int) -> str:
 class Tc:
     """Qdiscs: the kernel's own view, per interface and per transmit queue."""
 
+    cache_file = "/run/hkgpu-tune/qdisc-support.json"
+
     def __init__(self):
-        from pyroute2 import IPRoute
-        self.ip = IPRoute()
+        self.ip = _iproute()
         self._supported: dict[str, tuple[bool, str]] = {}
 
     def close(self):
-        self.ip.close()
+        _release()
+
+    def _boot(self) -> str:
+        try:
+            return open("/proc/sys/kernel/random/boot_id").read().strip() + os.uname().release
+        except OSError:
+            return ""
+
+    def _cached(self, kind: str):
+        import json
+        try:
+            doc = json.load(open(self.cache_file))
+            if doc.get("boot") == self._boot():
+                v = doc["kinds"].get(kind)
+                return tuple(v) if v else None
+        except (OSError, ValueError, KeyError):
+            return None
+        return None
+
+    def _remember(self, kind: str, ans) -> None:
+        import json
+        try:
+            try:
+                doc = json.load(open(self.cache_file))
+            except (OSError, ValueError):
+                doc = {}
+            if doc.get("boot") != self._boot():
+                doc = {"boot": self._boot(), "kinds": {}}
+            doc["kinds"][kind] = list(ans)
+            os.makedirs(os.path.dirname(self.cache_file), mode=0o755, exist_ok=True)
+            tmp = f"{self.cache_file}.{os.getpid()}"
+            with open(tmp, "w") as f:
+                json.dump(doc, f)
+            os.replace(tmp, self.cache_file)
+        except OSError:
+            pass  # not root: probe again next time
 
     def qdiscs(self, index: int) -> dict:
         """{'root': kind, 'root_handle': 'h:0', 'children': {'8001:1': kind, ...}}"""
@@ -284,6 +346,10 @@ class Tc:
         """Does the kernel know this qdisc? Tried on 'lo' of a throwaway namespace, so the host is untouched."""
         if kind in self._supported:
             return self._supported[kind]
+        cached = self._cached(kind)  # known for this boot and kernel
+        if cached is not None:
+            self._supported[kind] = cached
+            return cached
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # child: own network namespace, then try it
@@ -314,5 +380,8 @@ class Tc:
             ans = (False, f"qdisc {kind} is unsupported by this kernel (sch_{kind} missing: {msg})")
         else:
             ans = (True, f"could not probe qdisc {kind}: {msg}")
+            self._supported[kind] = ans
+            return ans
         self._supported[kind] = ans
+        self._remember(kind, ans)
         return ans
