@@ -18,6 +18,9 @@ from .errors import HkError, StateError, UnsupportedError
 from .report import ERROR, UNSUPPORTED, Change, Result
 
 DEFAULT_STATE_DIR = "/var/lib/hkgpu-tune"
+# subsystem -> the profile section it needs
+SECTION_OF = {"sysctl": "sysctl", "link": "network", "ethtool": "network", "qdisc": "network",
+              "gpu": "gpu", "mps": "mps", "affinity": "affinity", "triton": "triton"}
 STATE_FILE = "state.json"
 
 
@@ -85,13 +88,16 @@ class Engine:
         self.profile = profile
         self.b = backends or Backends()
         self.state = State(state_dir)
-        names = subsystems.available()
         if only:
             bad = [n for n in only if n not in subsystems.ORDER]
             if bad:
-                raise HkError(f"--only: unknown subsystem {', '.join(bad)} (have: {', '.join(names)})")
-            names = [n for n in names if n in only]
-        self.subs = [s for s in (subsystems.get(n)(profile, self.b) for n in names) if s.enabled()]
+                raise HkError(f"--only: unknown subsystem {', '.join(bad)} "
+                              f"(have: {', '.join(subsystems.available())})")
+        # import only the subsystems this run needs: a section the profile lacks costs nothing
+        names = [n for n in subsystems.ORDER if (not only or n in only)
+                 and (n not in SECTION_OF or SECTION_OF[n] in profile.sections)]
+        classes = [subsystems.get(n) for n in names]
+        self.subs = [s for s in (c(profile, self.b) for c in classes if c) if s.enabled()]
         self.by_name = {s.name: s for s in self.subs}
 
     def _guard(self, sub, fn):

@@ -31,10 +31,35 @@ def _wrap(e, what: str):
 _shared = {"ip": None, "users": 0}
 
 
+def _light_pyroute2() -> None:
+    """Import pyroute2's IPRoute and ethtool without the package __init__, which also loads
+    NDB, IPDB and conntrack (two thirds of the import time, none of it used here)."""
+    import importlib.util
+    import sys
+    import types
+    if "pyroute2" in sys.modules:
+        return
+    spec = importlib.util.find_spec("pyroute2")
+    if spec is None or not spec.submodule_search_locations:
+        return
+    stub = types.ModuleType("pyroute2")
+    stub.__path__ = list(spec.submodule_search_locations)
+    stub.__spec__ = spec
+    sys.modules["pyroute2"] = stub
+    try:
+        from pyroute2.iproute.linux import IPRoute  # noqa: F401
+        from pyroute2.netlink.exceptions import NetlinkError  # noqa: F401
+        stub.IPRoute = IPRoute
+    except Exception:  # noqa: BLE001 - fall back to the normal import
+        for name in [m for m in sys.modules if m == "pyroute2" or m.startswith("pyroute2.")]:
+            del sys.modules[name]
+
+
 def _iproute():
     """One netlink socket per process, shared by Net and Tc."""
     if _shared["ip"] is None:
-        from pyroute2 import IPRoute
+        _light_pyroute2()
+        from pyroute2.iproute.linux import IPRoute
         _shared["ip"] = IPRoute()
     _shared["users"] += 1
     return _shared["ip"]
@@ -178,7 +203,8 @@ class Ethtool:
     """Channels, rings and features (pyroute2.ethtool: netlink, ioctl where needed)."""
 
     def __init__(self):
-        from pyroute2.ethtool import Ethtool as _E
+        _light_pyroute2()
+        from pyroute2.ethtool.ethtool import Ethtool as _E
         self.e = _E()
 
     def close(self):
@@ -359,7 +385,8 @@ class Tc:
                 if ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNET) != 0:
                     os.write(w, b"cannot create a network namespace to probe qdiscs")
                 else:
-                    from pyroute2 import IPRoute
+                    _light_pyroute2()
+                    from pyroute2.iproute.linux import IPRoute
                     with IPRoute() as ip:
                         try:
                             ip.tc("add", kind, 1, parent=TC_H_ROOT)
