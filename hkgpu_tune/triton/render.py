@@ -56,7 +56,10 @@ def _locate(mc, json_format, value, wrap, path, nodes):
     """The deepest (key path, node) whose value alone still fails the schema."""
     if isinstance(value, dict):
         for k, v in value.items():
-            if _fails(mc, json_format, wrap({k: v})):
+            err = _fails(mc, json_format, wrap({k: v}))
+            if err and f'no field named "{k}"' in str(err):
+                return path + (k,)  # the key itself is wrong
+            if err:
                 return _locate(mc, json_format, v, lambda x, k=k: wrap({k: x}), path + (k,), nodes)
     elif isinstance(value, list):
         for i, v in enumerate(value):
