@@ -49,7 +49,7 @@ supports_check_mode: true
 
 EXAMPLES = r"""
 - name: Apply the network sections
-  ansible.legacy.hkgpu:
+  hkgpu:
     profile: {network: {interfaces: [{match: {name: eth0}, mtu: 9000}]}, sysctl: {net.ipv4.tcp_mtu_probing: 1}}
     persist: true
   vars:
@@ -208,7 +208,11 @@ def run(module) -> dict:
             return out
         if file_changed:
             _write(p["profile_path"], text)
-        rep = eng.apply()
+        if changes:
+            rep = eng.apply()
+        else:  # nothing to write: the plan's comparison is the verify result (no second read)
+            from hkgpu_tune.engine import ApplyReport
+            rep = ApplyReport(results=res)
         out.update(results=[r.to_dict() for r in rep.results], failures=[r.to_dict() for r in rep.results if r.failed],
                    changes=[c.to_dict() for c in rep.changes])
         if rep.error:
