@@ -1,0 +1,223 @@
+"""Run a playbook over a rack through ansible-runner and return per-host results.
+
+    hkgpu-tune rack apply  --inventory inventory/hk --limit rack_tko_a01
+    hkgpu-tune rack verify --inventory inventory/hk --limit rack_tko_a01 --json
+
+>>> run = run_playbook("verify", "inventory/hk", limit="rack_tko_a01")   # doctest: +SKIP
+>>> {h: r.failed for h, r in run.hosts.items()}                         # doctest: +SKIP
+{'tko-a01-n01': False, ...}
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .errors import HkError
+
+PLAYBOOKS = {"apply": "site.yml", "verify": "verify.yml", "rollback": "rollback.yml"}
+
+
+def ansible_dir() -> Path:
+    """The directory holding playbooks/, roles/ and ansible.cfg (the source tree)."""
+    env = os.environ.get("HKGPU_TUNE_ANSIBLE_DIR")
+    if env:
+        return Path(env)
+    return Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class HostResult:
+    host: str
+    ok: int = 0
+    changed: int = 0
+    failed: int = 0
+    unreachable: int = 0
+    skipped: int = 0
+    last_task: str = ""
+    state: str = "waiting"          # waiting | running | ok | changed | failed | unreachable
+    msg: str = ""
+    failures: list = field(default_factory=list)     # Result.to_dict() of failed settings
+    results: list = field(default_factory=list)      # every Result.to_dict() the hkgpu module returned
+
+    @property
+    def is_failed(self) -> bool:
+        return bool(self.failed or self.unreachable)
+
+
+@dataclass
+class RackRun:
+    playbook: str
+    rc: int
+    status: str
+    elapsed_s: float
+    hosts: dict[str, HostResult]
+
+    @property
+    def failed_hosts(self) -> list[str]:
+        return [h for h, r in self.hosts.items() if r.is_failed]
+
+    def to_dict(self) -> dict:
+        return {"playbook": self.playbook, "rc": self.rc, "status": self.status, "elapsed_s": round(self.elapsed_s, 2),
+                "hosts": {h: asdict(r) for h, r in self.hosts.items()}}
+
+
+def _host(hosts, name) -> HostResult:
+    if name not in hosts:
+        hosts[name] = HostResult(name)
+    return hosts[name]
+
+
+def handle_event(hosts: dict, ev: dict) -> str | None:
+    """Fold one ansible-runner event into the per-host results; returns the host it touched."""
+    kind, data = ev.get("event", ""), ev.get("event_data") or {}
+    name = data.get("host")
+    if kind == "playbook_on_stats":
+        for key in ("ok", "changed", "failures", "dark", "skipped"):
+            for h, n in (data.get(key) or {}).items():
+                r = _host(hosts, h)
+                setattr(r, {"failures": "failed", "dark": "unreachable"}.get(key, key), n)
+        for r in hosts.values():
+            if r.state in ("waiting", "running"):
+                r.state = "changed" if r.changed else "ok"
+        return None
+    if not name:
+        return None
+    r = _host(hosts, name)
+    res = data.get("res") or {}
+    if kind == "runner_on_start":
+        r.state, r.last_task = "running", data.get("task", "")
+    elif kind == "runner_on_ok":
+        if res.get("changed"):
+            r.state = "changed"
+        elif r.state != "changed":
+            r.state = "running"
+    elif kind == "runner_on_failed" and not data.get("ignore_errors"):
+        r.state, r.msg = "failed", str(res.get("msg", ""))[:2000]
+    elif kind == "runner_on_unreachable":
+        r.state, r.msg = "unreachable", str(res.get("msg", ""))[:500]
+    if kind in ("runner_on_ok", "runner_on_failed") and "results" in res and isinstance(res["results"], list) \
+            and all(isinstance(x, dict) and "subsystem" in x for x in res["results"]):
+        r.results = res["results"]
+        r.failures = res.get("failures") or [x for x in res["results"] if x.get("status") in ("drift", "error")]
+    return name
+
+
+def run_playbook(action: str, inventory: str, limit: str | None = None, extravars: dict | None = None,
+                 tags: str | None = None, check: bool = False, on_update=None, verbosity: int = 0) -> RackRun:
+    """Run site.yml (apply), verify.yml or rollback.yml (or a playbook path) through ansible-runner."""
+    import ansible_runner
+
+    base = ansible_dir()
+    playbook = Path(action) if action not in PLAYBOOKS else base / "playbooks" / PLAYBOOKS[action]
+    if not playbook.exists():
+        raise HkError(f"{playbook}: no such playbook (set HKGPU_TUNE_ANSIBLE_DIR to the source tree)")
+    if not os.path.exists(inventory):
+        raise HkError(f"{inventory}: no such inventory")
+    hosts: dict[str, HostResult] = {}
+    cmdline = []
+    if tags:
+        cmdline += ["--tags", tags]
+    if check:
+        cmdline += ["--check", "--diff"]
+
+    def handler(ev):
+        name = handle_event(hosts, ev)
+        if on_update and (name or ev.get("event") == "playbook_on_stats"):
+            on_update(hosts)
+        return False   # do not keep the event files
+
+    tmp = tempfile.mkdtemp(prefix="hkgpu-rack-")
+    t0 = time.monotonic()
+    try:
+        envvars = {"ANSIBLE_CONFIG": str(base / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(base / "roles")}
+        r = ansible_runner.run(private_data_dir=tmp, playbook=str(playbook.resolve()),
+                               inventory=os.path.abspath(inventory), limit=limit, extravars=extravars or {},
+                               cmdline=" ".join(cmdline) or None, envvars=envvars, quiet=True,
+                               event_handler=handler, verbosity=verbosity, suppress_env_files=True)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return RackRun(str(playbook), r.rc, r.status, time.monotonic() - t0, hosts)
+
+
+# ---------------------------------------------------------------- CLI: hkgpu-tune rack ...
+def add_parser(sub) -> None:
+    p = sub.add_parser("rack", help="run apply / verify / rollback over a rack with Ansible")
+    p.add_argument("action", choices=sorted(PLAYBOOKS))
+    p.add_argument("--inventory", "-i", required=True, help="Ansible inventory (file or directory)")
+    p.add_argument("--limit", "-l", help="hosts or groups, e.g. rack_tko_a01")
+    p.add_argument("--tags", help="only these roles / subsystems, e.g. sysctl,link")
+    p.add_argument("--check", action="store_true", help="check mode with diff: change nothing")
+    p.add_argument("--extra-vars", "-e", action="append", default=[], metavar="KEY=VALUE or JSON")
+    p.add_argument("--json", action="store_true", help="machine-readable per-host results")
+    p.set_defaults(extra_run=cli_run)
+
+
+def _extravars(items) -> dict:
+    out = {}
+    for s in items:
+        if s.lstrip().startswith("{"):
+            try:
+                out.update(json.loads(s))
+            except ValueError as e:
+                raise HkError(f"--extra-vars: not valid JSON: {e}") from None
+        elif "=" in s:
+            k, v = s.split("=", 1)
+            out[k] = v
+        else:
+            raise HkError(f"--extra-vars: expected KEY=VALUE or JSON, got {s!r}")
+    return out
+
+
+COLOURS = {"waiting": "dim", "running": "cyan", "ok": "green", "changed": "yellow", "failed": "red",
+           "unreachable": "red"}
+
+
+def _progress(hosts):
+    from rich.table import Table
+    t = Table.grid(padding=(0, 2))
+    for r in sorted(hosts.values(), key=lambda r: r.host):
+        t.add_row(f"[bold]{r.host}[/]", f"[{COLOURS[r.state]}]{r.state}[/]", r.last_task)
+    return t
+
+
+def summary_table(run: RackRun):
+    from rich.table import Table
+    t = Table(title=f"{Path(run.playbook).name}: {len(run.hosts)} host(s) in {run.elapsed_s:.1f} s",
+              title_justify="left")
+    for col in ("host", "ok", "changed", "failed", "unreachable", "what failed"):
+        t.add_column(col, overflow="fold")
+    for r in sorted(run.hosts.values(), key=lambda r: r.host):
+        what = "; ".join(f"{f['subsystem']} {f['target']} {f['key']}: {f['current']} != {f['desired']}"
+                         for f in r.failures) or r.msg
+        colour = "red" if r.is_failed else ("yellow" if r.changed else "green")
+        t.add_row(f"[{colour}]{r.host}[/]", str(r.ok), str(r.changed), str(r.failed), str(r.unreachable), what)
+    return t
+
+
+def cli_run(args) -> int:
+    from rich.console import Console
+    from rich.live import Live
+
+    con = Console(stderr=bool(args.json))
+    extra = _extravars(args.extra_vars)
+    if args.json:
+        run = run_playbook(args.action, args.inventory, args.limit, extra, args.tags, args.check)
+        print(json.dumps(run.to_dict(), indent=2, default=str))
+    else:
+        with Live(_progress({}), console=con, refresh_per_second=8, transient=True) as live:
+            run = run_playbook(args.action, args.inventory, args.limit, extra, args.tags, args.check,
+                               on_update=lambda hosts: live.update(_progress(hosts)))
+        con.print(summary_table(run))
+    if not run.hosts:
+        con.print(f"[red]no host ran[/] ({run.status}, rc {run.rc}): check --inventory and --limit")
+        return 1
+    if run.failed_hosts:
+        only_drift = args.action == "verify" and all(
+            r.failures and all(f["status"] == "drift" for f in r.failures) for r in run.hosts.values() if r.is_failed)
+        return 2 if only_drift else 1
+    return 0 if run.rc == 0 else 1
