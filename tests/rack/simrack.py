@@ -127,6 +127,7 @@ def inventory(n: int, run: str, python: str) -> str:
         hosts[name] = {"ansible_host": address(i)}
     doc = {"all": {
         "vars": {
+            "ansible_connection": "ssh",
             "ansible_user": "root",
             "ansible_ssh_private_key_file": key,
             "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
