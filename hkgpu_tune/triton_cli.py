@@ -33,6 +33,7 @@ def add_parser(sub) -> None:
         q.add_argument("--json", action="store_true", help="machine-readable output")
         if name == "start":
             q.add_argument("--no-gate", action="store_true", help="do not run the gate after ready")
+            q.add_argument("--restart", action="store_true", help="stop a running server first")
         if name in ("gate", "start"):
             q.add_argument("--p99-ms", type=float, help="override the profile's SLO")
             q.add_argument("--requests", type=int, help="override the number of load requests")
@@ -95,6 +96,8 @@ def run(args) -> int:
     if cmd == "start":
         t0 = time.monotonic()
         written = render.write_repository(t)
+        if args.restart:
+            launch.stop(t)
         was = launch.status(t)
         st = launch.start(t)
         waited = launch.wait_ready(t)
