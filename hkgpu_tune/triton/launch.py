@@ -249,7 +249,9 @@ def _alive(st: dict | None) -> bool:
     import psutil
     try:
         p = psutil.Process(st["pid"])
-        return abs(p.create_time() - st["create_time"]) < 1 and p.status() != psutil.STATUS_ZOMBIE
+        # the same process we started (a recycled pid has another start time or program)
+        return (abs(p.create_time() - st["create_time"]) < 1 and p.status() != psutil.STATUS_ZOMBIE
+                and os.path.basename((p.cmdline() or [""])[0]) == os.path.basename(st["argv"][0]))
     except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError):
         return False
 
@@ -393,6 +395,9 @@ def wait_ready(t, backends=None, timeout: float | None = None) -> float:
             if not st["active"] and supervisor(t) == "process":
                 _reap(t)
                 raise HkError(f"triton: the server exited before it was ready ({st['reason']}):\n{log_tail(t)}")
+            if st["state"] == "failed":
+                raise HkError(f"triton: {st['target']} failed before it was ready "
+                              f"(journalctl -u {st['target']} says why)")
             if time.monotonic() - t0 > timeout:
                 raise HkError(f"triton: not ready after {timeout:.0f} s (/v2/health/ready on "
                               f"{t.http.host}:{t.http.port}):\n{log_tail(t)}")
