@@ -69,7 +69,8 @@ class MpsControl:
 
     def health(self, pipe_dir: str) -> dict:
         """The probe NVIDIA's k8s device plugin uses: server list and default thread percentage."""
-        out = {"alive": False, "servers": [], "default_active_thread_percentage": None}
+        out = {"alive": False, "servers": [], "default_active_thread_percentage": None,
+               "pids": self.processes(pipe_dir)}
         if not self.alive(pipe_dir):
             return out
         out["alive"] = True
@@ -98,17 +99,30 @@ class MpsControl:
             time.sleep(0.05)
         raise ApplyError(f"{CONTROL} -d started but does not answer on {pipe_dir}{_log_tail(log_dir)}")
 
-    def stop(self, pipe_dir: str, timeout: float = 10) -> None:
-        """`quit`, then wait until the control pipe no longer answers."""
-        if not self.alive(pipe_dir):
-            return
-        self.send(pipe_dir, "quit")
+    def processes(self, pipe_dir: str) -> list[int]:
+        """PIDs of MPS control daemons and servers that use this pipe directory."""
+        import psutil
+        out = []
+        for p in psutil.process_iter(["name"]):
+            try:
+                if (p.info["name"] or "").startswith("nvidia-cuda-mps") and \
+                        os.path.normpath(p.environ().get("CUDA_MPS_PIPE_DIRECTORY", "")) == os.path.normpath(pipe_dir):
+                    out.append(p.pid)
+            except (psutil.Error, OSError):
+                continue
+        return sorted(out)
+
+    def stop(self, pipe_dir: str, timeout: float = 15) -> None:
+        """`quit`, then wait until the daemon and its servers have exited."""
+        if self.alive(pipe_dir):
+            self.send(pipe_dir, "quit")
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            if not self.alive(pipe_dir):
+            if not self.processes(pipe_dir):
                 return
             time.sleep(0.05)
-        raise ApplyError(f"MPS control ({pipe_dir}): still answering {timeout} s after quit")
+        raise ApplyError(f"MPS control ({pipe_dir}): processes {self.processes(pipe_dir)} still there "
+                         f"{timeout:g} s after quit")
 
 
 def _number(s: str):

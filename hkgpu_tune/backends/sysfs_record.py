@@ -14,7 +14,8 @@ class RecordingSysFs:
     def __init__(self, inner):
         self.inner = inner
         self.root = inner.root
-        self.seen: set[str] = set()
+        self.seen: set[str] = set()     # read: contents copied
+        self.listed: set[str] = set()   # only listed: names kept, files left empty
 
     def p(self, path):
         self.seen.add(path)
@@ -29,7 +30,7 @@ class RecordingSysFs:
 
     def listdir(self, path):
         names = self.inner.listdir(path)
-        self.seen.update(os.path.join(path, n) for n in names)
+        self.listed.update(os.path.join(path, n) for n in names)
         return names
 
     def readlink(self, path):
@@ -45,10 +46,12 @@ class RecordingSysFs:
         n = 0
         for path in sorted(self.seen):
             n += _copy(self.inner.p("/"), path, dest)
+        for path in sorted(self.listed - self.seen):
+            n += _copy(self.inner.p("/"), path, dest, content=False)
         return n
 
 
-def _copy(src_root: str, path: str, dest: str) -> int:
+def _copy(src_root: str, path: str, dest: str, content: bool = True) -> int:
     # walk the components so that every symlink on the way is recreated as a link
     parts = [x for x in path.split("/") if x]
     cur = ""
@@ -64,13 +67,16 @@ def _copy(src_root: str, path: str, dest: str) -> int:
             # continue through the link's target so that it exists in the tree too
             rest = "/".join(parts[i + 1:])
             real = os.path.normpath(os.path.join(os.path.dirname(cur), target)) if not target.startswith("/") else target
-            return _copy(src_root, f"{real}/{rest}" if rest else real, dest)
+            return _copy(src_root, f"{real}/{rest}" if rest else real, dest, content)
         if not os.path.exists(src):
             return 0
         if i == len(parts) - 1:
             if os.path.isdir(src):
                 os.makedirs(dst, exist_ok=True)
-            elif not os.path.exists(dst):
+            elif not content:
+                os.makedirs(os.path.dirname(dst), exist_ok=True)
+                open(dst, "a").close()
+            else:
                 os.makedirs(os.path.dirname(dst), exist_ok=True)
                 try:
                     with open(src, "rb") as f:

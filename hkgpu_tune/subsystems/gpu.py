@@ -14,9 +14,10 @@ All GPUs are read in one process with one nvmlInit; verify asks NVML only for th
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
-from ..errors import HkError, UnsupportedError
+from ..errors import ApplyError, HkError, UnsupportedError
 from ..report import DRIFT, ERROR, OK, UNSUPPORTED
 from .base import Subsystem
 
@@ -88,6 +89,7 @@ VERIFY_FIELDS = {"persistence": ("persistence",), "compute_mode": ("compute_mode
 class Plugin(Subsystem):
     name = "gpu"
     section = "gpu"
+    poll_s = 5.0   # how long a service-made change may take to show in NVML
 
     @property
     def cfg(self) -> GpuProfile:
@@ -97,7 +99,7 @@ class Plugin(Subsystem):
         c, keys = self.cfg, ["pci_bus_id"]
         for setting, fields in VERIFY_FIELDS.items():
             val = getattr(c, setting)
-            if val not in (None, False):
+            if val is not None and not (setting == "pcie_check" and val is False):
                 keys += fields
         return tuple(dict.fromkeys(keys))
 
@@ -249,13 +251,22 @@ class Plugin(Subsystem):
             nv.set_power_limit(i, value)
         else:
             raise HkError(f"gpu: cannot write {key}")
-        got = nv.gpu(i, {"persistence": ("persistence",), "compute_mode": ("compute_mode",),
-                         "application_clocks": ("app_clocks_mhz",), "power_limit_w": ("power_limit_w",)}[key])
-        self._check_back(target, key, value, got)
+        # read back; the persistence daemon needs a moment after its start (poll, do not sleep)
+        end = time.monotonic() + (self.poll_s if data.get("how") == "service" else 0)
+        while True:
+            cur = self._current(i, key)
+            if value is None or cur == value or (key == "power_limit_w" and abs(cur - value) < 0.5):
+                return
+            if time.monotonic() >= end:
+                if data.get("how") == "service":   # leave the service as it was
+                    (self.b.systemd.disable if value else self.b.systemd.enable)(PERSISTENCED_UNIT)
+                raise ApplyError(f"{target} {key}: wrote {value!r}, NVML shows {cur!r}")
+            time.sleep(0.1)
 
-    def _check_back(self, target, key, value, got):
-        cur = {"persistence": got.get("persistence"), "compute_mode": got.get("compute_mode"),
-               "power_limit_w": got.get("power_limit_w"),
-               "application_clocks": {k: (got.get("app_clocks_mhz") or {}).get(k) for k in ("sm", "mem")}}[key]
-        if value is not None and key != "power_limit_w" and cur != value:
-            raise UnsupportedError(f"{target} {key}: wrote {value!r}, NVML shows {cur!r}")
+    def _current(self, i, key):
+        field = {"persistence": "persistence", "compute_mode": "compute_mode",
+                 "application_clocks": "app_clocks_mhz", "power_limit_w": "power_limit_w"}[key]
+        got = self.b.nvml.gpu(i, (field,))[field]
+        if key == "application_clocks":
+            return {k: (got or {}).get(k) for k in ("sm", "mem")}
+        return got

@@ -1,0 +1,73 @@
+"""`hkgpu-tune mps start|stop|status` (hosts without systemd too) and `hkgpu-tune placement --gpu N`."""
+from __future__ import annotations
+
+import json
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("mps", help="start, stop or probe the CUDA MPS control daemon of the profile")
+    p.add_argument("action", choices=("start", "stop", "status"))
+    p.add_argument("--profile", "-p", help="profile file or shipped profile name (its mps: section)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--direct", action="store_true", help="start/stop the daemon directly even where systemd runs")
+    p.set_defaults(extra_run=run_mps)
+    p = sub.add_parser("placement", help="CPUs and NUMA node for a service on one GPU")
+    p.add_argument("--gpu", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(extra_run=run_placement)
+
+
+def _plugin(args):
+    from .backends import Backends
+    from .errors import HkError
+    from .profile import load_profile
+    from .subsystems.mps import Plugin
+
+    prof = load_profile(args.profile)
+    if prof.section("mps") is None:
+        raise HkError(f"{prof.path}: the profile has no mps: section")
+    return Plugin(prof, Backends())
+
+
+def run_mps(args) -> int:
+    plug = _plugin(args)
+    try:
+        direct = False if args.direct else None
+        if args.action == "start":
+            h = plug.start(use_systemd=direct)
+        elif args.action == "stop":
+            plug.stop(use_systemd=direct)
+            h = plug.health()
+        else:
+            h = plug.health()
+    finally:
+        plug.b.close()
+    h["pipe_dir"] = plug.cfg.pipe_dir
+    if args.json:
+        print(json.dumps(h, indent=2))
+    else:
+        state = "running" if h["alive"] else "stopped"
+        extra = (f", servers {h['servers']}, default active thread percentage "
+                 f"{h['default_active_thread_percentage']}") if h["alive"] else ""
+        print(f"mps {state} ({plug.cfg.pipe_dir}){extra}")
+    if args.action == "status":
+        return 0 if h["alive"] else 2
+    return 0 if h["alive"] == (args.action == "start") else 1
+
+
+def run_placement(args) -> int:
+    from .backends import Backends
+    from .subsystems.affinity import format_cpulist, service_placement, unit_lines
+
+    b = Backends()
+    try:
+        pl = service_placement(b, args.gpu)
+    finally:
+        b.close()
+    if args.json:
+        print(json.dumps(pl, indent=2))
+    else:
+        print(f"GPU {args.gpu}: CPUs {format_cpulist(pl['cpus'])}, NUMA node {pl['numa_node']} ({pl['source']})")
+        for line in unit_lines(pl):
+            print(f"  {line}")
+    return 0
