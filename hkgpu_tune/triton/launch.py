@@ -402,7 +402,7 @@ def wait_ready(t, backends=None, timeout: float | None = None) -> float:
                 raise HkError(f"triton: not ready after {timeout:.0f} s (/v2/health/ready on "
                               f"{t.http.host}:{t.http.port}):\n{log_tail(t)}")
             time.sleep(delay)
-            delay = min(delay * 1.5, 0.25)
+            delay = min(delay * 1.5, 0.1)
     finally:
         c.close()
 
