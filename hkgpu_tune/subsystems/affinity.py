@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from ..errors import ApplyError, HkError, UnsupportedError
 from ..profile import IFNAME_RE, MAC_RE, PCI_RE, Match
-from ..report import DRIFT, ERROR, OK, UNSUPPORTED
+from ..report import DRIFT, OK, UNSUPPORTED
 from .base import Subsystem
 
 PCI_ADDR = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ..backends.mps import CONTROL, mps_env
 from ..errors import HkError, UnsupportedError
-from ..report import DRIFT, ERROR, OK, UNSUPPORTED
+from ..report import DRIFT, OK, UNSUPPORTED
 from .base import Subsystem
 from .gpu import parse_gpus, select
 
