@@ -83,7 +83,7 @@ def select(nvml, wanted: tuple[int, ...] | None) -> tuple[list[int], list[int]]:
 # fields verify needs, by setting
 VERIFY_FIELDS = {"persistence": ("persistence",), "compute_mode": ("compute_mode",),
                  "application_clocks": ("app_clocks_mhz",), "power_limit_w": ("power_limit_w", "power_limits_w"),
-                 "pcie_check": ("pcie", "pstate")}
+                 "pcie_check": ("pcie",)}   # pstate only when the link runs below its maximum
 
 
 class Plugin(Subsystem):
@@ -219,8 +219,10 @@ class Plugin(Subsystem):
                                f"link trained at x{p['width']} of x{p['max_width']}: reseat the GPU or check the "
                                "riser/slot (not fixable by software)")
         # an idle GPU may drop its link speed to save power; a busy one must run at full speed
-        idle = (g.get("pstate") or 0) >= 8
         if p["gen"] is not None and p["max_gen"] is not None and p["gen"] < p["max_gen"]:
+            if "pstate" not in g:
+                g["pstate"] = self.b.nvml.gpu(g["index"], ("pstate",))["pstate"]
+            idle = (g.get("pstate") or 0) >= 8
             if idle:
                 return self.result(t, "pcie_link", cur, top, OK,
                                    f"gen{p['gen']} while idle (P{g['pstate']}): power saving, not a fault")

@@ -160,7 +160,11 @@ def test_mps_lifecycle(mps_dir, before):
     print("start+settings s", round(started, 3), "health", h, c.stdout.strip())
     print("pinned limit answer:", plug.mps.send(f"{mps_dir}/pipe", "get_default_device_pinned_mem_limit 0"))
 
+    pids = plug.mps.processes(f"{mps_dir}/pipe")
+    assert pids, pids                                # the control daemon (and its server)
     restored, errs = eng.rollback()         # quit: the daemon was the only change
     assert not errs
     assert not plug.health()["alive"]
+    assert plug.mps.processes(f"{mps_dir}/pipe") == []
+    print("mps processes before quit", pids, "control.log tail:", open(f"{mps_dir}/log/control.log").read()[-600:])
     print("rolled back:", [(x.key, x.current) for x in restored])
