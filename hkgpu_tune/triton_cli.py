@@ -68,38 +68,47 @@ def run(args) -> int:
         info = engine.export_torchvision(args.model, args.output, image_size=args.image_size, opset=args.opset)
         _out(args, info, f"wrote {info['path']} ({info['model']}, input {info['input']}, random weights)")
         return EXIT_OK
+    from .backends import Backends
     from .triton import gate, launch, render
     t = _section(args)
+    b = Backends()  # NVML for the GPU's name (plan cache key) and the placement
+    try:
+        return _run(args, cmd, t, b, gate, launch, render)
+    finally:
+        b.close()
+
+
+def _run(args, cmd, t, b, gate, launch, render) -> int:
     if cmd == "render":
-        files = render.write_repository(t)
+        files = render.write_repository(t, b)
         _out(args, {"repository": t.model_repository, "written": files},
              "\n".join(f"wrote {f}" for f in files) or f"{t.model_repository}: up to date")
         return EXIT_OK
     if cmd == "unit":
-        print(launch.render_unit(t), end="")
+        print(launch.render_unit(t, launch.placement(t, b)), end="")
         return EXIT_OK
     if cmd == "command":
-        argv = launch.command(t)
+        argv = launch.command(t, launch.placement(t, b))
         _out(args, {"argv": argv, "env": launch.server_env(t) if t.launch == "binary" else {}}, shlex.join(argv))
         return EXIT_OK
     if cmd == "build":
         from .triton import engine
-        out = [engine.build_model(t, m) for m in t.models if m.build]
+        out = [engine.build_model(t, m, b) for m in t.models if m.build]
         _out(args, {"plans": [o.__dict__ for o in out]},
              "\n".join(o.line() for o in out) or "no model has a build: section")
         return EXIT_OK
     if cmd == "stop":
-        rep = launch.stop(t)
+        rep = launch.stop(t, b)
         _out(args, rep, f"stopped ({rep['how']}, {rep.get('seconds', 0)} s)" if rep["stopped"]
              else rep["how"] if not rep["left"] else f"processes left: {rep['left']}")
         return EXIT_OK if not rep["left"] else EXIT_ERROR
     if cmd == "start":
         t0 = time.monotonic()
-        written = render.write_repository(t)
+        written = render.write_repository(t, b)
         if args.restart:
-            launch.stop(t)
-        was = launch.status(t)
-        st = launch.start(t)
+            launch.stop(t, b)
+        was = launch.status(t, b)
+        st = launch.start(t, b)
         waited = launch.wait_ready(t)
         doc = {"service": st, "written": written, "already_running": was["active"],
                "ready_s": round(time.monotonic() - t0, 3), "waited_s": round(waited, 3)}

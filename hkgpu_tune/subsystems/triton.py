@@ -374,7 +374,7 @@ class Plugin(Subsystem):
     def write(self, target, key, value, data):
         from ..triton import launch, render
         if key == "repository":
-            render.write_model(self.t, self.t.model(data["model"]))
+            render.write_model(self.t, self.t.model(data["model"]), self.b)
         elif key == "served_config":
             pass  # after_apply restarts the service once for the whole batch
         elif key == "service":
@@ -417,4 +417,4 @@ class Plugin(Subsystem):
         return st
 
 
-__all__ = ["Triton", "Model", "Endpoint", "Gate", "Build", "parse_profile", "Plugin", "UNSUPPORTED"]
+__all__ = ["Triton", "Model", "Endpoint", "Gate", "Build", "parse_profile", "Plugin"]

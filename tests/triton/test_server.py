@@ -226,3 +226,25 @@ def test_port_taken_by_another_program(tmp_path):
             launch.start(t)
     finally:
         s.close()
+
+
+def test_cli_start_gate_stop(tmp_path):
+    doc = profile_dict(tmp_path, free_ports(3), requests=16, concurrency=4)
+    path = write(tmp_path, doc)
+
+    def hk(*args):
+        return subprocess.run([sys.executable, "-m", "hkgpu_tune", "triton", *args, "-p", path],
+                              capture_output=True, text=True, timeout=120)
+    try:
+        p = hk("start", "--json")
+        assert p.returncode == 0, p.stderr
+        doc = json.loads(p.stdout)
+        assert doc["service"]["active"] and doc["gate"]["passed"] and not doc["already_running"]
+        assert doc["ready_s"] < 60
+        p = hk("start", "--no-gate")
+        assert p.returncode == 0 and "(already running)" in p.stdout
+        p = hk("stop")
+        assert p.returncode == 0 and p.stdout.startswith("stopped (SIGTERM"), p.stdout + p.stderr
+        assert ours(tmp_path) == []
+    finally:
+        launch.stop(load_profile(path).section("triton"))
