@@ -148,9 +148,19 @@ class Engine:
                 saved.append(Change(c.subsystem, c.target, c.key, c.current, c.desired, c.data))
         self.state.save(saved)
         done: list[Change] = []
+        refused: dict[tuple, str] = {}
         try:
             for c in changes:
-                self.by_name[c.subsystem].apply(c)
+                try:
+                    self.by_name[c.subsystem].apply(c)
+                except UnsupportedError as e:
+                    # the kernel or driver would not take it: keep the original, go on
+                    refused[c.ident] = str(e)
+                    try:
+                        self.by_name[c.subsystem].restore(c)
+                    except HkError:
+                        pass
+                    continue
                 c.applied = True
                 done.append(c)
             for s in self.subs:
@@ -167,6 +177,9 @@ class Engine:
             self.state.save(keep) if keep else self.state.clear()
             return rep
         rep.results = self.verify()
+        for r in rep.results:
+            if (r.subsystem, r.target, r.key) in refused and r.status == "drift":
+                r.status, r.reason = UNSUPPORTED, refused[(r.subsystem, r.target, r.key)]
         return rep
 
     def _undo(self, changes: list[Change]) -> list[tuple[Change, str]]:

@@ -117,6 +117,10 @@ class Plugin(Subsystem):
                 res.append(self.result(name, k, v, v, OK))
             elif have["fixed"]:
                 res.append(self.result(name, k, have["on"], v, UNSUPPORTED, "fixed by the driver"))
+            elif v and k in ("gso", "tso") and f.get("sg", {}).get("fixed") and not f["sg"]["on"]:
+                # the kernel keeps segmentation off without scatter-gather ("[requested on]")
+                res.append(self.result(name, k, have["on"], v, UNSUPPORTED,
+                                       "needs scatter-gather (sg), which the driver keeps off"))
             else:
                 res.append(self.result(name, k, have["on"], v, DRIFT, "differs", write=v,
                                        data={"part": "offloads", "field": k}))
@@ -131,7 +135,10 @@ class Plugin(Subsystem):
             self.b.ethtool.set_rings(target, {field: value})
             got = self.b.ethtool.rings(target)[field]
         else:
-            self.b.ethtool.set_feature(target, field, value)
+            try:
+                self.b.ethtool.set_feature(target, field, value)
+            except HkError as e:
+                raise UnsupportedError(f"{target}: the driver refused {key} {'on' if value else 'off'} ({e})") from None
             got = self.b.ethtool.features(target)[field]["on"]
         if got != value:
             raise UnsupportedError(f"{target}: {key}: wrote {value}, the driver shows {got}")

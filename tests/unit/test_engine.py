@@ -250,3 +250,29 @@ def test_only_rejects_unknown_subsystem(tmp_path):
 
 def test_apply_error_type(tmp_path):
     assert issubclass(ApplyError, Exception)
+
+
+def test_feature_needing_sg_is_unsupported(tmp_path):
+    from .fakes import nic
+    d = nic(gro=True)
+    d["features"]["gso"]["on"] = False
+    d["features"]["sg"] = {"on": False, "fixed": True, "names": []}
+    b = host(ethtool=FakeEthtool({"ens1f0": d, "eno1": nic()}))
+    r = by_key(engine(tmp_path, b, only=["ethtool"]).verify())
+    assert r[("ethtool", "ens1f0", "gso")].status == "unsupported"
+    assert "scatter-gather" in r[("ethtool", "ens1f0", "gso")].reason
+
+
+def test_write_the_driver_refuses_is_unsupported_and_the_rest_applies(tmp_path):
+    from hkgpu_tune.errors import UnsupportedError
+    b = host()
+
+    def refuse(name, short, on):
+        raise UnsupportedError(f"{name}: {short}: Operation not supported")
+
+    b.ethtool.set_feature = refuse
+    rep = engine(tmp_path, b).apply()
+    assert rep.error == ""
+    r = by_key(rep.results)
+    assert r[("ethtool", "ens1f0", "gro")].status == "unsupported"
+    assert r[("link", "ens1f0", "mtu")].status == "ok"
