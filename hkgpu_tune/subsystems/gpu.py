@@ -120,8 +120,6 @@ class Plugin(Subsystem):
             state = {"gpus": [self.b.nvml.gpu(i, keys or self._keys()) for i in gpus], "missing": missing}
         except UnsupportedError as e:
             return {"unsupported": str(e)}
-        if self.cfg.persistence is not None:
-            state["persistenced"] = self._persistenced()
         return state
 
     def facts(self) -> dict:
@@ -168,11 +166,13 @@ class Plugin(Subsystem):
         cur = g.get("persistence")
         if cur is None:
             return self._na(t, "persistence", want, g, "persistence")
-        d = state.get("persistenced", {})
-        how = "service" if d.get("installed") and d.get("systemd") else "nvml"
-        note = f"{PERSISTENCED} {'active' if d.get('active') else 'inactive'}" if d.get("systemd") and d.get("installed") else ""
         if cur == want:
-            return self.result(t, "persistence", cur, want, OK, note)
+            return self.result(t, "persistence", cur, want, OK)
+        # how to fix it: asked only on drift (systemctl would cost verify a process start)
+        if "persistenced" not in state:
+            state["persistenced"] = self._persistenced()
+        d = state["persistenced"]
+        how = "service" if d.get("installed") and d.get("systemd") else "nvml"
         why = "persistence mode is off" if want else "persistence mode is on"
         return self.result(t, "persistence", cur, want, DRIFT, f"{why}; fix: {PERSISTENCED} service" if how == "service"
                            else f"{why}; fix: NVML (no {PERSISTENCED} service here)", write=want,

@@ -289,6 +289,8 @@ class Plugin(Subsystem):
     def start(self, use_systemd: bool | None = None) -> dict:
         """Start the daemon (systemd unit where systemd runs, else directly), send the settings, probe."""
         c = self.cfg
+        if not self.mps.binary():
+            raise UnsupportedError(f"{CONTROL} not found (NVIDIA driver utilities not installed)")
         for k, mode in DIR_MODES.items():
             make_dir(getattr(c, k), mode, c.user)
         if use_systemd is None:

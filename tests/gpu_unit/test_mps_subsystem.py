@@ -1,6 +1,9 @@
 """mps subsystem against a fake control daemon: down -> started with settings -> quit on rollback."""
+import json
 import os
 import pwd
+
+import pytest
 
 from hkgpu_tune.engine import Engine
 from hkgpu_tune.subsystems.mps import Plugin, render_unit, to_bytes
@@ -120,7 +123,6 @@ def test_library_start_stop_health(tmp_path, h200_facts):
 
 
 def test_mps_profile_errors():
-    import pytest
     from hkgpu_tune.errors import ProfileError
     with pytest.raises(ProfileError, match="test.yaml:3: mps.default_pinned_mem_limit: expected device=size"):
         profile("mps:\n  enabled: true\n  default_pinned_mem_limit: 16G\n")
@@ -128,3 +130,22 @@ def test_mps_profile_errors():
         profile("mps:\n  pipe_dir: relative/dir\n")
     with pytest.raises(ProfileError, match="mps.default_active_thread_percentage: expected an integer 1-100"):
         profile("mps:\n  default_active_thread_percentage: 150\n")
+
+
+def test_cli_mps_and_placement_without_driver(tmp_path):
+    """`hkgpu-tune mps` and `placement` on a host without the NVIDIA driver: one line, no traceback."""
+    import subprocess
+    import sys
+    from hkgpu_tune.backends.mps import MpsControl
+    if MpsControl().binary():
+        pytest.skip("nvidia-cuda-mps-control is installed here")
+    p = tmp_path / "p.yaml"
+    p.write_text(text(tmp_path))
+    run = [sys.executable, "-m", "hkgpu_tune"]
+    st = subprocess.run(run + ["mps", "status", "-p", str(p)], capture_output=True, text=True)
+    assert st.returncode == 2 and st.stdout.startswith("mps stopped")
+    start = subprocess.run(run + ["mps", "start", "-p", str(p)], capture_output=True, text=True)
+    assert start.returncode == 1 and "Traceback" not in start.stderr
+    assert "nvidia-cuda-mps-control not found" in start.stderr and not (tmp_path / "pipe").exists()
+    pl = subprocess.run(run + ["placement", "--gpu", "0", "--json"], capture_output=True, text=True)
+    assert pl.returncode == 0 and json.loads(pl.stdout)["mems"] == []
