@@ -339,7 +339,7 @@ class Plugin(Subsystem):
             for nic in found:
                 want = parse_cpulist(rule.irq_cpus) if rule.irq_cpus != "local" else nic["local_cpus"]
                 want = want or parse_cpulist(st["cpus"])
-                where = f"node {nic['numa_node']}" if nic["numa_node"] is not None else "no NUMA node"
+                where = f"node {nic['numa_node']}" if nic["numa_node"] is not None else "this host (no NUMA node reported)"
                 if not nic["msi_irqs"]:
                     res.append(self.result(nic["name"], "irq_affinity", None, format_cpulist(want), UNSUPPORTED,
                                            "no MSI interrupts listed for this device", required=False))
