@@ -79,3 +79,26 @@ def test_recorder_round_trip(tmp_path):
     live = nics(rec)
     rec.dump(str(tmp_path))
     assert nics(SysFs(str(tmp_path))) == live
+
+
+def test_systemd_backend(tmp_path):
+    from hkgpu_tune.backends.systemd import Systemd
+
+    from .conftest import FakeCmd
+    cmd = FakeCmd(programs=["systemctl"])
+    sd = Systemd(cmd, root=str(tmp_path))
+    assert not sd.available()                      # no /run/systemd/system: PID 1 is not systemd
+    with pytest.raises(UnsupportedError, match="PID 1 is not systemd"):
+        sd.enable("nvidia-mps.service")
+    (tmp_path / "run/systemd/system").mkdir(parents=True)
+    assert sd.available()
+    sd.enable("nvidia-mps.service")
+    sd.daemon_reload()
+    assert sd.is_active("nvidia-mps.service")
+    assert cmd.runs == [["systemctl", "enable", "--now", "nvidia-mps.service"], ["systemctl", "daemon-reload"],
+                        ["systemctl", "is-active", "--quiet", "nvidia-mps.service"]]
+    sd.write_unit("nvidia-mps.service", "[Unit]\n")
+    assert sd.read_unit("nvidia-mps.service") == "[Unit]\n"
+    assert oct((tmp_path / "etc/systemd/system/nvidia-mps.service").stat().st_mode & 0o777) == "0o644"
+    sd.write_unit("nvidia-mps.service", None)
+    assert sd.read_unit("nvidia-mps.service") is None
