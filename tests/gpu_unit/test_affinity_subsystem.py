@@ -106,10 +106,17 @@ def test_no_matching_nic(h200_facts, h200_root):
 
 def test_real_sysfs_reads():
     """This machine's own /sys: the reader finds PCI network interfaces and their interrupts (read only)."""
+    import re
     found = nics(SysFs("/"))
     names = irq_names(SysFs("/"))
+    pci = re.compile(r"/[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]/")
+    expected = sorted(n for n in os.listdir("/sys/class/net")
+                      if pci.search(os.path.realpath(f"/sys/class/net/{n}/device") + "/")
+                      and os.path.exists(f"/sys/class/net/{n}/device"))
+    assert sorted(n["name"] for n in found) == expected
     for n in found:
         assert n["pci"] and all(i in names for i in n["msi_irqs"])
+        assert n["local_cpus"]            # sysfs always lists the CPUs local to a PCI device
 
 
 def _spare_irq():
