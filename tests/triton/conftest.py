@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import random
 import socket
 
 import pytest
@@ -16,17 +17,27 @@ needs_server = pytest.mark.skipif(not HAVE_PYTRITON, reason="needs the nvidia-py
 
 
 def free_ports(n: int) -> list[int]:
-    """n distinct ports on 127.0.0.1 that nothing listens on now."""
-    socks, ports = [], []
+    """n distinct ports on 127.0.0.1 that nothing listens on now, picked below the kernel's
+    ephemeral range so that no client connection takes one before the server binds it."""
     try:
-        while len(ports) < n:
-            s = socket.socket()
-            s.bind(("127.0.0.1", 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in socks:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    ports: list[int] = []
+    while len(ports) < n:
+        port = rng.randrange(max(1024, low - 12000), low)
+        if port in ports:
+            continue
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        finally:
             s.close()
+        ports.append(port)
     return ports
 
 

@@ -219,7 +219,8 @@ def test_port_taken_by_another_program(tmp_path):
     s.listen()
     try:
         port = s.getsockname()[1]
-        doc = profile_dict(tmp_path, (free_ports(1)[0], port, free_ports(1)[0] + 0))
+        http, metrics = [p for p in free_ports(3) if p != port][:2]
+        doc = profile_dict(tmp_path, (http, port, metrics))
         t = load_profile(write(tmp_path, doc)).section("triton")
         render.write_repository(t)
         with pytest.raises(HkError, match=f"the grpc port {port} on 127.0.0.1 is already in use"):
