@@ -29,6 +29,7 @@ GATEWAY = f"{NET}.1"
 FABRIC_PEER = f"{NET}.250"
 RUN_DIR = os.environ.get("HKRACK_DIR", "/var/tmp/hkrack")
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
 # /etc entries each host gets its own copy of; `ip netns exec` binds only over existing /etc/X
 PRIVATE_ETC = ("hkgpu-tune", "sysctl.d", "systemd")
 MARK = "/etc/netns/.hkrack-created-etc.json"  # /etc dirs made for the bind mounts
@@ -100,7 +101,8 @@ def _private_etc(name: str) -> None:
             os.makedirs(f"/etc/{e}")          # the bind mount needs a target
             created.append(f"/etc/{e}")
         os.makedirs(f"/etc/netns/{name}/{e}", exist_ok=True)
-    os.makedirs(f"/etc/netns/{name}/systemd/system", exist_ok=True)
+    # as on a real host: the unit directory and its wants directory exist
+    os.makedirs(f"/etc/netns/{name}/systemd/system/multi-user.target.wants", exist_ok=True)
     with open(MARK, "w") as f:
         json.dump(created, f)
 
@@ -203,6 +205,24 @@ def down(run: str = RUN_DIR, quiet=False) -> None:
 def nsexec(name: str, *argv, check=True):
     """Run a command inside a simulated host (with its /etc)."""
     return sh(*argv, ns=name, check=check)
+
+
+def snapshot(name: str) -> dict:
+    """What the rack profile touches on one host, read with the system's own tools."""
+    keys = ["net.ipv4.tcp_mtu_probing", "net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem",
+            "net.ipv4.tcp_slow_start_after_idle", "net.ipv4.tcp_no_metrics_save", "net.ipv4.tcp_fin_timeout",
+            "net.ipv4.ip_local_port_range"]
+    out = {k: " ".join(nsexec(name, "sysctl", "-n", k).stdout.split()) for k in keys}
+    out["link"] = nsexec(name, "ip", "-o", "link", "show", "eth0").stdout.split("link/")[0].split(">")[1]
+    out["qdisc"] = [line.split(":")[0] + line.split()[1] for line in
+                    nsexec(name, "tc", "qdisc", "show", "dev", "eth0").stdout.splitlines()]
+    out["channels"] = nsexec(name, "ethtool", "-l", "eth0").stdout.split("Current hardware settings:")[1]
+    out["features"] = [line for line in nsexec(name, "ethtool", "-k", "eth0").stdout.splitlines()
+                       if line.split(":")[0].strip() in ("generic-receive-offload", "generic-segmentation-offload",
+                                                        "tcp-segmentation-offload")]
+    out["etc"] = sorted(nsexec(name, "sh", "-c", "ls /etc/hkgpu-tune /etc/sysctl.d "
+                                       "/etc/systemd/system").stdout.split())
+    return out
 
 
 def main(argv=None):

@@ -40,6 +40,10 @@ options:
     type: list
     elements: dict
     default: []
+  fail_on_drift:
+    description: With state=verified, fail when a setting failed (drift, error, required unsupported).
+    type: bool
+    default: true
   persist:
     description: After a change, make the whole node profile survive a reboot (apply --persist).
     type: bool
@@ -189,7 +193,7 @@ def run(module) -> dict:
                    "failures": [r.to_dict() for r in res if r.failed]}
             if file_diffs:
                 out["diff"] = file_diffs
-            if out["failures"]:
+            if out["failures"] and p["fail_on_drift"]:
                 module.fail_json(msg=f"{len(out['failures'])} setting(s) failed: {_failure_lines(res)}", **out)
             return out
 
@@ -247,6 +251,7 @@ def main():
             state_dir=dict(type="path", default="/var/lib/hkgpu-tune"),
             persist=dict(type="bool", default=False),
             files=dict(type="list", elements="dict", default=[]),
+            fail_on_drift=dict(type="bool", default=True),
         ),
         supports_check_mode=True,
     )

@@ -1,0 +1,59 @@
+"""The example Hong Kong inventory renders a valid node profile for every host.
+
+The sections are built from each host's merged variables the way the roles build them
+(roles/hkgpu_network/vars/main.yml, roles/hkgpu_gpu/vars/main.yml) and checked with the
+library's own parser, so a typo in group_vars fails here with file:line:key.
+"""
+import json
+import os
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from simrack import REPO
+
+from hkgpu_tune.profile import parse_profile_text
+
+INV = os.path.join(REPO, "inventory", "hk")
+pytestmark = pytest.mark.skipif(not shutil.which("ansible-inventory"),
+                                reason="ansible-inventory is not installed (pip install -e .[test])")
+
+
+def inventory() -> dict:
+    out = subprocess.run(["ansible-inventory", "-i", INV, "--list"], capture_output=True, text=True, check=True,
+                         env={**os.environ, "ANSIBLE_CONFIG": os.path.join(REPO, "ansible.cfg")})
+    return json.loads(out.stdout)
+
+
+def node_profile(hv: dict) -> dict:
+    net = {k: hv.get(f"hkgpu_network_{k}") for k in ("interfaces", "fabric_peers", "wan_peers", "wan_routes", "probe")}
+    doc = {"name": "node", "network": {k: v for k, v in net.items() if v}, "sysctl": hv.get("hkgpu_network_sysctl"),
+           "gpu": hv.get("hkgpu_gpu_settings"), "mps": hv.get("hkgpu_gpu_mps"),
+           "affinity": hv.get("hkgpu_affinity_settings")}
+    return {k: v for k, v in doc.items() if v}
+
+
+def test_sites_and_racks_are_groups():
+    inv = inventory()
+    sites = inv["all"]["children"]
+    assert {"hk_tko", "hk_tsuen_wan", "hk_kwai_chung"} <= set(sites)
+    for site in ("hk_tko", "hk_tsuen_wan", "hk_kwai_chung"):
+        racks = inv[site]["children"]
+        assert racks and all(r.startswith("rack_") for r in racks)
+        assert all(inv[r]["hosts"] for r in racks)
+
+
+def test_every_host_renders_a_valid_profile():
+    inv = inventory()
+    hostvars = inv["_meta"]["hostvars"]
+    assert len(hostvars) >= 10
+    for host, hv in hostvars.items():
+        doc = node_profile(hv)
+        prof = parse_profile_text(yaml.safe_dump(doc, sort_keys=False), f"{host}.yaml")
+        assert prof.network.interfaces and prof.network.interfaces[0].mtu == 9000, host
+        assert prof.network.fabric_peers, host
+        assert {p.name[:2] for p in prof.network.wan_peers} >= {"sg", "jp", "cn"}, host
+        assert all(p.rtt_ms for p in prof.network.wan_peers), host
+        assert prof.section("gpu") is not None, host

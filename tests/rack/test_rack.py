@@ -1,0 +1,106 @@
+"""Roles and playbooks on a simulated rack over real SSH (tests/rack/simrack.py).
+
+Order matters: a bad profile first (the rack is still pristine), then converge, re-run,
+testinfra, drift, check mode, rollback.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import simrack
+from simrack import REPO, snapshot
+
+from hkgpu_tune.rack import run_playbook
+
+pytestmark = [pytest.mark.slow, pytest.mark.root]
+SETTINGS_PER_HOST = 16   # 7 sysctls, mtu, channels rx+tx, gro/gso/tso, qdisc root + 2 queues
+
+
+def play(rack, action, **kw):
+    extra = dict(rack["extra"], **kw.pop("extra", {}))
+    return run_playbook(action, rack["inventory"], extravars=extra, **kw)
+
+
+def test_bad_profile_fails_in_first_batch_and_leaves_the_rest_untouched(rack):
+    bad = {"hkgpu_network_interfaces": [{"match": {"name": "eth0"}, "mtu": 90000}]}
+    run = play(rack, "apply", extra=bad)
+    first, rest = rack["hosts"][0], rack["hosts"][1:]
+    assert run.failed_hosts == [first]
+    assert "network.interfaces[0].mtu: expected an integer 68-65535, got 90000" in run.hosts[first].msg
+    for h in rest:   # never reached: the canary batch failed
+        assert h not in run.hosts or (run.hosts[h].ok, run.hosts[h].changed) == (0, 0)
+    for h in rack["hosts"]:   # and nothing changed anywhere, the canary included
+        assert snapshot(h) == rack["originals"][h], h
+
+
+def test_converge(rack):
+    run = play(rack, "apply")
+    assert run.rc == 0, {h: r.msg for h, r in run.hosts.items()}
+    assert sorted(run.hosts) == rack["hosts"]
+    for h, r in run.hosts.items():
+        assert r.changed > 0 and not r.is_failed, h
+        assert len(r.results) == SETTINGS_PER_HOST and not r.failures, (h, r.failures)
+    s = snapshot(rack["hosts"][1])
+    assert "mtu 9000" in s["link"] and s["net.ipv4.tcp_fin_timeout"] == "15"
+
+
+def test_second_run_changes_nothing(rack):
+    run = play(rack, "apply")
+    assert run.rc == 0
+    assert {h: r.changed for h, r in run.hosts.items()} == {h: 0 for h in rack["hosts"]}
+
+
+def test_testinfra_passes_on_every_host(rack):
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", REPO,
+                        os.path.join(REPO, "tests", "infra"), "--hosts=ansible://all",
+                        f"--ansible-inventory={rack['inventory']}"],
+                       capture_output=True, text=True, cwd=REPO, timeout=300)
+    expected = SETTINGS_PER_HOST * len(rack["hosts"])
+    assert r.returncode == 0 and f"{expected} passed" in r.stdout, r.stdout[-3000:]
+
+
+def test_drift_reported_for_that_host_and_key_only(rack):
+    host = rack["hosts"][2]
+    simrack.nsexec(host, "sysctl", "-qw", "net.ipv4.tcp_fin_timeout=33")
+    run = play(rack, "verify")
+    assert run.failed_hosts == [host]
+    assert [(f["subsystem"], f["key"], f["current"], f["desired"]) for f in run.hosts[host].failures] == \
+        [("sysctl", "net.ipv4.tcp_fin_timeout", "33", "15")]
+    assert "net.ipv4.tcp_fin_timeout: drift: current 33, desired 15" in run.hosts[host].msg
+
+
+def test_check_mode_reports_the_fix_and_changes_nothing(rack):
+    host = rack["hosts"][2]
+    run = play(rack, "apply", check=True)
+    assert run.rc == 0
+    assert {h: r.changed for h, r in run.hosts.items()} == {h: int(h == host) for h in rack["hosts"]}
+    assert snapshot(host)["net.ipv4.tcp_fin_timeout"] == "33"
+    fixed = play(rack, "apply")
+    assert fixed.hosts[host].changed == 1 and snapshot(host)["net.ipv4.tcp_fin_timeout"] == "15"
+
+
+def test_tags_limit_the_subsystems(rack):
+    host = rack["hosts"][1]
+    simrack.nsexec(host, "sysctl", "-qw", "net.ipv4.tcp_fin_timeout=44")
+    simrack.nsexec(host, "ethtool", "-K", "eth0", "gro", "off")
+    run = play(rack, "apply", tags="ethtool")
+    assert run.hosts[host].changed == 1
+    s = snapshot(host)
+    assert s["net.ipv4.tcp_fin_timeout"] == "44"          # sysctl was not in the run
+    assert "generic-receive-offload: on" in s["features"]
+    play(rack, "apply", tags="sysctl")
+    assert snapshot(host)["net.ipv4.tcp_fin_timeout"] == "15"
+
+
+def test_rollback_restores_the_originals(rack):
+    run = play(rack, "rollback")
+    assert run.rc == 0 and not run.failed_hosts
+    for h in rack["hosts"]:
+        assert snapshot(h) == rack["originals"][h], h
+    state = json.dumps(os.listdir(os.path.join(rack["dir"], rack["hosts"][0], "var/lib/hkgpu-tune")))
+    assert "state.json" not in state and "persist.json" not in state
