@@ -312,6 +312,8 @@ class Plugin(Subsystem):
         from ..triton import client, launch, render
         t = self.t
         state = {"repository": render.repository_state(t), "service": launch.status(t, self.b)}
+        if launch.supervisor(t, self.b) == "systemd":
+            state["unit"] = {k: v for k, v in launch.unit_state(t, self.b).items() if k != "text"}
         if state["service"]["active"]:
             c = client.Client(t.http.host, t.http.port, timeout=5)
             state["server_ready"] = c.ready()
@@ -339,6 +341,12 @@ class Plugin(Subsystem):
                                    "" if st["current"] == st["desired"] else st["reason"],
                                    write=None if st["current"] == st["desired"] else "rendered",
                                    data={"model": name}))
+        if "unit" in state:
+            u = state["unit"]
+            ok = u["current"] == u["desired"]
+            res.append(self.result(u["path"], "unit", u["current"], u["desired"], OK if ok else DRIFT,
+                                   "" if ok else "the unit file is not the one the profile renders",
+                                   write=None if ok else "rendered"))
         svc = state["service"]
         target = svc["target"]
         if not svc["active"]:
@@ -375,6 +383,8 @@ class Plugin(Subsystem):
         from ..triton import launch, render
         if key == "repository":
             render.write_model(self.t, self.t.model(data["model"]), self.b)
+        elif key == "unit":
+            launch.install_unit(self.t, self.b)
         elif key == "served_config":
             pass  # after_apply restarts the service once for the whole batch
         elif key == "service":
@@ -394,6 +404,9 @@ class Plugin(Subsystem):
             launch.stop(self.t, self.b)
         elif change.key == "repository" and change.current in (None, "absent"):
             render.remove_model(self.t, change.data["model"])
+        elif change.key == "unit" and change.current == "absent":
+            self.b.systemd.write_unit(launch.unit_name(self.t), None)
+            self.b.systemd.daemon_reload()
         # a repository that existed before is left as rendered: its old text is not ours to keep
 
     def after_apply(self, changes):
@@ -401,7 +414,7 @@ class Plugin(Subsystem):
         then the gate (warm-up, load, p99 under the SLO) decides whether the deployment stays."""
         from ..triton import gate, launch
         started = any(c.key == "service" for c in changes)
-        if not started and any(c.key in ("repository", "served_config") for c in changes):
+        if not started and any(c.key in ("repository", "served_config", "unit") for c in changes):
             if launch.status(self.t, self.b)["active"]:
                 launch.stop(self.t, self.b)
                 launch.start(self.t, self.b)

@@ -26,7 +26,6 @@ from . import client
 PID_FILE = "tritonserver.json"
 LOG_FILE = "tritonserver.log"
 CONTAINER_REPO = "/models"
-UNIT_DIR = "/etc/systemd/system"
 
 
 # ---------------------------------------------------------------- where the server is
@@ -216,18 +215,42 @@ def render_unit(t, place: dict | None = None) -> str:
     return "\n".join(lines)
 
 
-def unit_path(t, root: str = "/") -> str:
-    return os.path.join(root, UNIT_DIR.lstrip("/"), f"{t.unit}.service")
+def unit_name(t) -> str:
+    return f"{t.unit}.service"
 
 
-def systemd_running() -> bool:
-    return os.path.isdir("/run/systemd/system")
+def _b(backends):
+    if backends is None:
+        from ..backends import Backends
+        backends = Backends()
+    return backends
 
 
-def supervisor(t) -> str:
+def supervisor(t, backends=None) -> str:
+    """systemd where it is the service manager (or the profile says so), else a supervised process."""
     if t.supervisor != "auto":
         return t.supervisor
-    return "systemd" if systemd_running() else "process"
+    return "systemd" if _b(backends).systemd.available() else "process"
+
+
+def unit_state(t, backends=None, place: dict | None = None) -> dict:
+    """The installed unit file against the rendered one (systemd only)."""
+    b = _b(backends)
+    want = render_unit(t, place if place is not None else placement(t, b))
+    have = b.systemd.read_unit(unit_name(t))
+    return {"current": "absent" if have is None else ("as rendered" if have == want else "differs"),
+            "desired": "as rendered", "text": want, "path": b.systemd.unit_path(unit_name(t))}
+
+
+def install_unit(t, backends=None, place: dict | None = None) -> bool:
+    """Write the unit where it differs and reload systemd; True when it changed."""
+    b = _b(backends)
+    st = unit_state(t, b, place)
+    if st["current"] == "as rendered":
+        return False
+    b.systemd.write_unit(unit_name(t), st["text"])
+    b.systemd.daemon_reload()
+    return True
 
 
 # ---------------------------------------------------------------- start / status / stop
@@ -256,22 +279,12 @@ def _alive(st: dict | None) -> bool:
         return False
 
 
-def _systemctl(backends, *args, check=True):
-    from ..backends.command import Command
-    cmd = getattr(backends, "cmd", None) if backends is not None else None
-    r = (cmd or Command()).run(["systemctl", *args], timeout=90)
-    if check and r.rc != 0:
-        raise HkError(f"systemctl {' '.join(args)}: {(r.err or r.out).strip()}")
-    return r
-
-
 def status(t, backends=None) -> dict:
     """{'active': bool, 'state': str, 'target': str, 'pid': int|None, 'reason': str}"""
-    if supervisor(t) == "systemd":
-        r = _systemctl(backends, "is-active", f"{t.unit}.service", check=False)
-        state = (r.out or r.err).strip() or "unknown"
-        return {"active": state == "active", "state": state, "target": f"{t.unit}.service", "pid": None,
-                "reason": "" if state == "active" else f"systemctl is-active: {state}"}
+    if supervisor(t, backends) == "systemd":
+        active = _b(backends).systemd.is_active(unit_name(t))
+        return {"active": active, "state": "active" if active else "inactive", "target": unit_name(t), "pid": None,
+                "reason": "" if active else f"systemctl is-active {unit_name(t)}: not active"}
     st = _load_state(t)
     if _alive(st):
         return {"active": True, "state": "running", "target": f"process {st['pid']}", "pid": st["pid"],
@@ -305,6 +318,7 @@ def _user_ids(name: str):
 
 def start(t, backends=None, place: dict | None = None) -> dict:
     """Start the service (no-op if it runs). Returns status() plus the argv and log path."""
+    backends = _b(backends)
     cur = status(t, backends)
     if cur["active"]:
         return cur
@@ -315,15 +329,10 @@ def start(t, backends=None, place: dict | None = None) -> dict:
     _check_repository(t)
     render.repository_state(t)  # re-checks config.pbtxt against the schema
     place = place if place is not None else placement(t, backends)
-    if supervisor(t) == "systemd":
-        text = render_unit(t, place)
-        path = unit_path(t)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path + ".tmp", "w") as f:
-            f.write(text)
-        os.replace(path + ".tmp", path)
-        _systemctl(backends, "daemon-reload")
-        _systemctl(backends, "enable", "--now", f"{t.unit}.service")
+    if supervisor(t, backends) == "systemd":
+        check_ports(t)
+        install_unit(t, backends, place)
+        _b(backends).systemd.enable(unit_name(t), now=True)
         return status(t, backends)
     check_ports(t)
     argv = command(t, place)
@@ -384,6 +393,7 @@ def wait_ready(t, backends=None, timeout: float | None = None) -> float:
     With --strict-readiness the server is ready only when every model is. Raises with the log tail
     when the process exits first."""
     timeout = t.gate.ready_timeout_s if timeout is None else timeout
+    backends = _b(backends)
     t0 = time.monotonic()
     c = client.Client(t.http.host, t.http.port, timeout=2)
     delay = 0.02
@@ -392,11 +402,11 @@ def wait_ready(t, backends=None, timeout: float | None = None) -> float:
             if c.ready() and all(c.model_ready(m.name) for m in t.models):
                 return time.monotonic() - t0
             st = status(t, backends)
-            if not st["active"] and supervisor(t) == "process":
+            if not st["active"] and supervisor(t, backends) == "process":
                 _reap(t)
                 raise HkError(f"triton: the server exited before it was ready ({st['reason']}):\n{log_tail(t)}")
-            if st["state"] == "failed":
-                raise HkError(f"triton: {st['target']} failed before it was ready "
+            if not st["active"]:
+                raise HkError(f"triton: {st['target']} stopped before it was ready "
                               f"(journalctl -u {st['target']} says why)")
             if time.monotonic() - t0 > timeout:
                 raise HkError(f"triton: not ready after {timeout:.0f} s (/v2/health/ready on "
@@ -429,9 +439,12 @@ def stop(t, backends=None, timeout: float | None = None) -> dict:
     """Stop the service; in process form SIGTERM the whole process group (server and backend stubs),
     poll until none is left, SIGKILL what remains after the timeout. Returns what happened."""
     timeout = t.gate.stop_timeout_s if timeout is None else timeout
-    if supervisor(t) == "systemd":
-        _systemctl(backends, "stop", f"{t.unit}.service")
-        return {"stopped": True, "how": "systemctl stop", "left": []}
+    if supervisor(t, backends) == "systemd":
+        b = _b(backends)
+        if not b.systemd.is_active(unit_name(t)):
+            return {"stopped": False, "how": "was not running", "left": []}
+        b.systemd.stop(unit_name(t))  # KillMode=control-group: the stubs go with the server
+        return {"stopped": not b.systemd.is_active(unit_name(t)), "how": "systemctl stop", "left": []}
     st = _load_state(t)
     if not _alive(st):
         _reap(t)

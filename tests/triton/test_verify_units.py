@@ -3,51 +3,102 @@ from __future__ import annotations
 
 from hkgpu_tune.backends import Backends
 from hkgpu_tune.backends.command import Completed
+from hkgpu_tune.backends.systemd import Systemd
+from hkgpu_tune.engine import Engine
 from hkgpu_tune.profile import parse_profile_text
 from hkgpu_tune.report import DRIFT, ERROR, OK, UNSUPPORTED
 from hkgpu_tune.subsystems.triton import Plugin
 from hkgpu_tune.triton import launch
 
-from .conftest import dump, profile_dict
+from .conftest import dump, free_ports, profile_dict
 
 
-class FakeCmd:
-    def __init__(self, answers):
-        self.answers, self.calls = answers, []
+class FakeSystemctl:
+    """`systemctl` as a swapped `cmd`: remembers which units are active, records every call."""
+
+    def __init__(self, active=()):
+        self.active, self.calls = set(active), []
+
+    def which(self, prog):
+        return f"/usr/bin/{prog}"
 
     def run(self, argv, timeout=30, env=None):
-        self.calls.append(argv)
-        out = self.answers.get(tuple(argv[1:]), "")
-        return Completed(0 if out == "active" else 3, out + "\n", "")
+        self.calls.append(argv[1:])
+        verb, unit = argv[1], argv[-1]
+        if verb == "is-active":
+            return Completed(0 if unit in self.active else 3, "", "")
+        if verb == "enable" and "--now" in argv or verb == "start":
+            self.active.add(unit)
+        if verb == "stop":
+            self.active.discard(unit)
+        return Completed(0, "", "")
+
+
+def systemd(tmp_path, active=()):
+    (tmp_path / "root" / "run" / "systemd" / "system").mkdir(parents=True, exist_ok=True)
+    cmd = FakeSystemctl(active)
+    return Backends(cmd=cmd, systemd=Systemd(cmd=cmd, root=str(tmp_path / "root"))), cmd
 
 
 def plugin(tmp_path, **top):
-    doc = profile_dict(tmp_path, (18000, 18001, 18002))
+    doc = profile_dict(tmp_path, free_ports(3))
     doc["triton"].update(top)
     prof = parse_profile_text(dump(doc), str(tmp_path / "p.yaml"))
     return prof, prof.section("triton")
 
 
 def test_systemd_status_through_systemctl(tmp_path):
-    _, t = plugin(tmp_path, supervisor="systemd", unit="tritonA")
-    b = Backends(cmd=FakeCmd({("is-active", "tritonA.service"): "active"}))
+    _, t = plugin(tmp_path, unit="tritonA")
+    b, _ = systemd(tmp_path, active={"tritonA.service"})
+    assert launch.supervisor(t, b) == "systemd"
     st = launch.status(t, b)
     assert st == {"active": True, "state": "active", "target": "tritonA.service", "pid": None, "reason": ""}
-    b = Backends(cmd=FakeCmd({("is-active", "tritonA.service"): "failed"}))
-    st = launch.status(t, b)
-    assert not st["active"] and st["reason"] == "systemctl is-active: failed"
+    b, _ = systemd(tmp_path)
+    assert not launch.status(t, b)["active"]
 
 
-def test_service_down_is_fixable_drift_and_nothing_else_is_probed(tmp_path):
+def test_start_under_systemd_installs_the_unit_and_enables_it(tmp_path):
+    _, t = plugin(tmp_path)
+    b, cmd = systemd(tmp_path)
+    from hkgpu_tune.triton import render
+    render.write_repository(t)
+    place = {"cpus": [0], "mems": [], "numa_node": None, "source": "test"}
+    st = launch.start(t, b, place=place)
+    assert st["active"] and st["target"] == "hkgpu-triton.service"
+    unit = tmp_path / "root" / "etc" / "systemd" / "system" / "hkgpu-triton.service"
+    assert unit.read_text() == launch.render_unit(t, place)
+    assert ["daemon-reload"] in cmd.calls and ["enable", "--now", "hkgpu-triton.service"] in cmd.calls
+    assert launch.stop(t, b) == {"stopped": True, "how": "systemctl stop", "left": []}
+    assert launch.stop(t, b)["how"] == "was not running"
+
+
+def test_unit_file_drift_and_service_down_are_fixable(tmp_path):
     prof, t = plugin(tmp_path, supervisor="systemd")
-    b = Backends(cmd=FakeCmd({("is-active", "hkgpu-triton.service"): "inactive"}))
+    b, cmd = systemd(tmp_path)
     p = Plugin(prof, b)
     res = p.verify()
-    assert [(r.key, r.status) for r in res] == [("repository", DRIFT), ("service", DRIFT)]
+    assert [(r.key, r.status) for r in res] == [("repository", DRIFT), ("unit", DRIFT), ("service", DRIFT)]
     assert res[0].reason == "config.pbtxt absent; 1/model.py absent" and res[0].write == "rendered"
-    assert res[1].write == "running" and res[1].current == "inactive"
+    assert res[1].current == "absent" and res[1].write == "rendered"
+    assert res[2].write == "running" and res[2].current == "inactive"
     changes, _ = p.plan()
-    assert [c.key for c in changes] == ["repository", "service"]
+    assert [c.key for c in changes] == ["repository", "unit", "service"]
+    launch.install_unit(t, b)
+    unit = tmp_path / "root" / "etc" / "systemd" / "system" / "hkgpu-triton.service"
+    assert {r.key: r.status for r in p.verify()}["unit"] == OK
+    unit.write_text(unit.read_text().replace("LimitMEMLOCK=infinity\n", ""))
+    r = {r.key: r for r in p.verify()}["unit"]
+    assert (r.status, r.current, r.reason) == (DRIFT, "differs", "the unit file is not the one the profile renders")
+
+
+def test_systemd_asked_for_where_none_runs_is_unsupported(tmp_path):
+    prof, t = plugin(tmp_path, supervisor="systemd")
+    (tmp_path / "root").mkdir()
+    cmd = FakeSystemctl()
+    eng = Engine(prof, only=["triton"], backends=Backends(cmd=cmd, systemd=Systemd(cmd=cmd, root=str(tmp_path / "root"))))
+    res = eng.verify()
+    assert [(r.status, r.reason) for r in res] == [
+        (UNSUPPORTED, "systemd is not the service manager here (PID 1 is not systemd)")]
 
 
 def test_compare_of_a_running_service(tmp_path):
@@ -84,7 +135,8 @@ def test_plan_without_trtexec_is_unsupported_not_a_crash(tmp_path, monkeypatch):
     prof = parse_profile_text(f"""\
 triton:
   model_repository: {tmp_path}/repo
-  supervisor: systemd
+  supervisor: process
+  run_dir: {tmp_path}/run
   models:
     - name: m
       platform: tensorrt_plan
@@ -93,7 +145,7 @@ triton:
       outputs: [{{name: output, data_type: FP32, dims: [4]}}]
       build: {{onnx: {tmp_path}/m.onnx}}
 """, str(tmp_path / "p.yaml"))
-    p = Plugin(prof, Backends(cmd=FakeCmd({})))
+    p = Plugin(prof, Backends())
     res = p.verify()
     assert (res[0].key, res[0].status) == ("repository", UNSUPPORTED)
     assert res[0].reason.startswith("trtexec not found")
