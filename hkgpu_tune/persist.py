@@ -132,7 +132,7 @@ def boot_unit(exe: str, only: list[str]) -> str:
 [Unit]
 Description=hkgpu-tune: re-apply runtime NIC settings, then verify
 DefaultDependencies=no
-After=systemd-udev-settle.service systemd-sysctl.service network-pre.target
+After=systemd-udev-settle.service systemd-sysctl.service network-pre.target nvidia-persistenced.service
 Wants=network-pre.target
 Before=network-online.target shutdown.target
 Conflicts=shutdown.target
@@ -161,7 +161,8 @@ def persist(engine, root: str = "/", profile_path: str | None = None) -> list[st
         text = open(src).read() if src else yaml.safe_dump({"name": profile.name})
         done.append("profile: " + w.write(PROFILE_FILE, text))
         # MTU: into the owner's configuration where a manager owns the link
-        runtime = [n for n in ("ethtool", "qdisc") if n in engine.by_name]
+        # settings the kernel or driver forgets at reboot (MPS and Triton have units of their own)
+        runtime = [n for n in ("ethtool", "qdisc", "gpu", "affinity") if n in engine.by_name]
         boot_link = False
         if "link" in engine.by_name:
             links = engine.b.net.links()
