@@ -111,15 +111,8 @@ def server_args(t, repository: str | None = None) -> list[str]:
 # ---------------------------------------------------------------- placement
 def cpu_list(cpus) -> str:
     """[0,1,2,5] -> '0-2,5' (the form systemd and docker read)."""
-    cpus = sorted(set(int(c) for c in cpus))
-    out, i = [], 0
-    while i < len(cpus):
-        j = i
-        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
-            j += 1
-        out.append(str(cpus[i]) if i == j else f"{cpus[i]}-{cpus[j]}")
-        i = j + 1
-    return ",".join(out)
+    from ..subsystems.affinity import format_cpulist
+    return format_cpulist(int(c) for c in cpus)
 
 
 def placement(t, backends=None) -> dict:
