@@ -72,6 +72,13 @@ def test_drift_reported_for_that_host_and_key_only(rack):
     assert [(f["subsystem"], f["key"], f["current"], f["desired"]) for f in run.hosts[host].failures] == \
         [("sysctl", "net.ipv4.tcp_fin_timeout", "33", "15")]
     assert "net.ipv4.tcp_fin_timeout: drift: current 33, desired 15" in run.hosts[host].msg
+    # the same through the CLI: per-host JSON, exit 2 (drift only)
+    cli = subprocess.run([sys.executable, "-m", "hkgpu_tune", "rack", "verify", "--inventory", rack["inventory"],
+                          "--json"], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert cli.returncode == 2, cli.stderr[-2000:]
+    doc = json.loads(cli.stdout)
+    assert [h for h, r in doc["hosts"].items() if r["failed"]] == [host]
+    assert [f["key"] for f in doc["hosts"][host]["failures"]] == ["net.ipv4.tcp_fin_timeout"]
 
 
 def test_check_mode_reports_the_fix_and_changes_nothing(rack):

@@ -1,0 +1,60 @@
+"""The hkgpu module's own logic and the rack event folding, without a rack (no root needed)."""
+import importlib.util
+import os
+
+import pytest
+import yaml
+
+from simrack import REPO
+
+from hkgpu_tune.errors import ProfileError
+from hkgpu_tune.rack import HostResult, handle_event
+
+spec = importlib.util.spec_from_file_location("hkgpu_module", os.path.join(REPO, "roles", "hkgpu", "library", "hkgpu.py"))
+mod = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(mod)
+
+
+def params(tmp_path, profile, **kw):
+    return {"profile": profile, "profile_path": str(tmp_path / "node.yaml"), "only": None, "state": "applied",
+            "state_dir": str(tmp_path / "state"), "persist": False, "files": [], "fail_on_drift": True, **kw}
+
+
+def test_sections_merge_into_the_node_profile_and_keep_the_others(tmp_path):
+    (tmp_path / "node.yaml").write_text(yaml.safe_dump({"name": "node", "sysctl": {"net.ipv4.tcp_mtu_probing": 1}}))
+    net = {"network": {"interfaces": [{"match": {"name": "eth9"}, "mtu": 9000}]}}
+    prof, text, old, only = mod._node_profile(params(tmp_path, net))
+    doc = yaml.safe_load(text)
+    assert doc["sysctl"] == {"net.ipv4.tcp_mtu_probing": 1} and doc["network"] == net["network"]
+    assert prof.network.interfaces[0].mtu == 9000 and [s.key for s in prof.sysctl] == ["net.ipv4.tcp_mtu_probing"]
+    assert set(only) == {"link", "ethtool", "qdisc"}       # the subsystems of the passed section only
+
+
+def test_an_empty_section_removes_it(tmp_path):
+    (tmp_path / "node.yaml").write_text(yaml.safe_dump({"name": "node", "sysctl": {"net.ipv4.tcp_mtu_probing": 1}}))
+    _, text, _, only = mod._node_profile(params(tmp_path, {"sysctl": {}}))
+    assert "sysctl" not in yaml.safe_load(text) and only == []
+
+
+def test_a_bad_section_names_file_line_and_key_and_writes_nothing(tmp_path):
+    bad = {"network": {"interfaces": [{"match": {"name": "eth9"}, "mtu": 90000}]}}
+    with pytest.raises(ProfileError) as e:
+        mod._node_profile(params(tmp_path, bad))
+    assert f"{tmp_path}/node.yaml:" in str(e.value)
+    assert "network.interfaces[0].mtu: expected an integer 68-65535, got 90000" in str(e.value)
+    assert "nothing written" in str(e.value) and not (tmp_path / "node.yaml").exists()
+
+
+def test_events_fold_into_per_host_results():
+    hosts = {}
+    res = [{"subsystem": "sysctl", "target": "host", "key": "net.ipv4.tcp_fin_timeout", "current": "33",
+            "desired": "15", "status": "drift", "reason": "differs", "required": True}]
+    handle_event(hosts, {"event": "runner_on_start", "event_data": {"host": "n1", "task": "Verify"}})
+    assert hosts["n1"].state == "running" and hosts["n1"].last_task == "Verify"
+    handle_event(hosts, {"event": "runner_on_failed", "event_data": {
+        "host": "n1", "res": {"msg": "1 setting(s) failed", "results": res, "failures": res}}})
+    handle_event(hosts, {"event": "runner_on_ok", "event_data": {"host": "n2", "res": {"changed": False}}})
+    handle_event(hosts, {"event": "playbook_on_stats", "event_data": {
+        "ok": {"n2": 1}, "failures": {"n1": 1}, "changed": {}, "dark": {}, "skipped": {}}})
+    assert hosts["n1"].is_failed and hosts["n1"].failures == res and hosts["n1"].msg == "1 setting(s) failed"
+    assert hosts["n2"] == HostResult("n2", ok=1, state="ok")
