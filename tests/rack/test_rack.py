@@ -104,6 +104,25 @@ def test_tags_limit_the_subsystems(rack):
     assert snapshot(host)["net.ipv4.tcp_fin_timeout"] == "15"
 
 
+def test_one_bad_node_does_not_stop_the_rest_of_its_batch(rack):
+    """Past the canary, a failing node below max_fail_percentage leaves the others converging."""
+    bad, good = rack["hosts"][-1], rack["hosts"][1:-1]
+    for h in good:
+        simrack.nsexec(h, "sysctl", "-qw", "net.ipv4.tcp_fin_timeout=55")
+    hv = os.path.join(os.path.dirname(rack["inventory"]), "host_vars")
+    os.makedirs(hv, exist_ok=True)
+    with open(os.path.join(hv, f"{bad}.yml"), "w") as f:       # this node's profile has an error
+        f.write("hkgpu_network_interfaces: [{match: {name: eth0}, mtu: 90000}]\n")
+    try:
+        pct = 100 // (len(rack["hosts"]) - 1) + 1          # one host of the second batch
+        run = play(rack, "apply", extra={"hkgpu_max_fail_percentage": pct})
+    finally:
+        os.unlink(os.path.join(hv, f"{bad}.yml"))
+    assert run.failed_hosts == [bad] and "got 90000" in run.hosts[bad].msg
+    for h in good:
+        assert run.hosts[h].changed == 1 and snapshot(h)["net.ipv4.tcp_fin_timeout"] == "15", h
+
+
 def test_rollback_restores_the_originals(rack):
     run = play(rack, "rollback")
     assert run.rc == 0 and not run.failed_hosts
