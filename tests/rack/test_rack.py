@@ -49,6 +49,21 @@ def test_converge(rack):
     assert "mtu 9000" in s["link"] and s["net.ipv4.tcp_fin_timeout"] == "15"
 
 
+def test_the_boot_unit_verifies_the_node(rack, tmp_path):
+    host = rack["hosts"][0]
+    unit = simrack.nsexec(host, "cat", "/etc/systemd/system/hkgpu-tune-verify.service").stdout
+    assert "/etc/systemd/system/hkgpu-tune-verify.service" in simrack.nsexec(
+        host, "readlink", "/etc/systemd/system/multi-user.target.wants/hkgpu-tune-verify.service").stdout
+    env = [line.split("=", 1)[1] for line in unit.splitlines() if line.startswith("Environment=")]
+    argv = [line.split("=", 1)[1] for line in unit.splitlines() if line.startswith("ExecStart=")][0].split()
+    prom = str(tmp_path / "verify.prom")
+    argv[argv.index("--prometheus") + 1] = prom          # not the shared /run of this machine
+    r = simrack.nsexec(host, "env", *env, *argv, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+    text = open(prom).read()
+    assert 'key="net.ipv4.tcp_fin_timeout"' in text and "hkgpu_tune_failures 0" in text
+
+
 def test_second_run_changes_nothing(rack):
     run = play(rack, "apply")
     assert run.rc == 0
