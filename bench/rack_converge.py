@@ -58,6 +58,7 @@ def main(argv=None):
     site = os.path.join(REPO, "playbooks", "site.yml")
     rollback = os.path.join(REPO, "playbooks", "rollback.yml")
     naive = os.path.join(HERE, "naive_role.yml")
+    load0 = os.getloadavg()[0]
     inv = simrack.up(a.hosts, run=run)
     try:
         # build the wheel once outside the timings (the controller's part of the install)
@@ -88,7 +89,8 @@ def main(argv=None):
     finally:
         simrack.down(run, quiet=True)
     h, n = rows["hkgpu"], rows["naive"]
-    print(f"simulated rack: {a.hosts} hosts, {os.cpu_count()} CPUs on the controller; re-run = median of {a.reruns}")
+    print(f"simulated rack: {a.hosts} hosts, {os.cpu_count()} CPUs on the controller; re-run = median of {a.reruns}; "
+          f"load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
     print(f"{'':24}{'first (fresh node)':>20}{'first converge':>16}{'idempotent re-run':>20}")
     print(f"{'hkgpu roles (site.yml)':24}{h[0]:>19.1f}s{h[1]:>15.1f}s{h[2]:>19.1f}s")
     print(f"{'naive role (1 task/set)':24}{'-':>20}{n[1]:>15.1f}s{n[2]:>19.1f}s")
