@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -134,7 +135,9 @@ def run_playbook(action: str, inventory: str, limit: str | None = None, extravar
     tmp = tempfile.mkdtemp(prefix="hkgpu-rack-")
     t0 = time.monotonic()
     try:
-        envvars = {"ANSIBLE_CONFIG": str(base / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(base / "roles")}
+        envvars = {"ANSIBLE_CONFIG": str(base / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(base / "roles"),
+                   # ansible-playbook of this interpreter's environment even when its bin/ is not on PATH
+                   "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
         r = ansible_runner.run(private_data_dir=tmp, playbook=str(playbook.resolve()),
                                inventory=os.path.abspath(inventory), limit=limit, extravars=extravars or {},
                                cmdline=" ".join(cmdline) or None, envvars=envvars, quiet=True,

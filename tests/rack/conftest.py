@@ -11,6 +11,9 @@ sys.path.insert(0, os.path.dirname(__file__))
 import simrack  # noqa: E402
 
 REPO = simrack.REPO
+# the tools of this interpreter's environment (ansible-playbook, ansible-lint) even when its
+# bin/ is not on PATH (CI runs `$VENV/bin/python -m pytest`)
+os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 HOSTS = int(os.environ.get("HKRACK_HOSTS", "4"))
 
 

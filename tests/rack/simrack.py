@@ -119,6 +119,12 @@ def _wait_ssh(addr: str, key: str, timeout=10.0) -> None:
         time.sleep(0.2)
 
 
+def site_dirs(python: str) -> list[str]:
+    out = sh(python, "-c", "import sys, sysconfig; print(sys.prefix != sys.base_prefix); "
+             "print(sysconfig.get_path('purelib')); print(sysconfig.get_path('platlib'))").stdout.split()
+    return sorted(set(out[1:])) if out[0] == "True" else []
+
+
 def inventory(n: int, run: str, python: str) -> str:
     """An inventory directory: hosts.yml (connection) + group_vars of the simulated rack."""
     inv = os.path.join(run, "inventory")
@@ -136,6 +142,9 @@ def inventory(n: int, run: str, python: str) -> str:
             "ansible_python_interpreter": "/usr/bin/python3",
             "simrack_dir": run,
             "hkgpu_install_base_python": python,
+            # the node venv is made from `python`; if that is itself a venv, its packages (the
+            # dependencies) are not the base's system site-packages: add them with a .pth file
+            "hkgpu_install_site_dirs": site_dirs(python),
             "hkgpu_prefix": run + "/{{ inventory_hostname }}/opt/hkgpu-tune",
             "hkgpu_state_dir": run + "/{{ inventory_hostname }}/var/lib/hkgpu-tune",
         },
