@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -88,6 +89,7 @@ def main(argv=None):
         rows["naive"] = (None, t_first, statistics.median(reruns))
     finally:
         simrack.down(run, quiet=True)
+        shutil.rmtree(wheels, ignore_errors=True)
     h, n = rows["hkgpu"], rows["naive"]
     print(f"simulated rack: {a.hosts} hosts, {os.cpu_count()} CPUs on the controller; re-run = median of {a.reruns}; "
           f"load average {load0:.1f} at the start, {os.getloadavg()[0]:.1f} at the end")
