@@ -190,7 +190,8 @@ class Net:
 FEATURES = {
     "gro": ["rx-gro"],
     "gso": ["tx-generic-segmentation"],
-    "tso": ["tx-tcp-segmentation", "tx-tcp-ecn-segmentation", "tx-tcp-mangleid-segmentation", "tx-tcp6-segmentation"],
+    "tso": ["tx-tcp-segmentation", "tx-tcp-ecn-segmentation", "tx-tcp-accecn-segmentation",
+            "tx-tcp-mangleid-segmentation", "tx-tcp6-segmentation"],
     "lro": ["rx-lro"],
     "rx_checksum": ["rx-checksum"],
     "tx_checksum": ["tx-checksum-ip-generic", "tx-checksum-ipv4", "tx-checksum-ipv6"],
