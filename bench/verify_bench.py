@@ -66,10 +66,14 @@ def inner(prof):
                      ["ethtool", "-k", DEV], ["tc", "qdisc", "show", "dev", DEV]):
             subprocess.run(argv, capture_output=True)
 
+    def interpreter():
+        subprocess.run([sys.executable, "-c", "pass"], capture_output=True)
+
     in_process()  # warm the page cache and imports once
     rows = [("in-process verify", timeit(in_process, RUNS)),
             ("hkgpu-tune verify (whole command)", timeit(command, RUNS)),
-            ("sysctl+ip+ethtool+tc programs", timeit(programs, RUNS))]
+            ("sysctl+ip+ethtool+tc programs", timeit(programs, RUNS)),
+            ("python3 -c pass (interpreter start-up)", timeit(interpreter, RUNS))]
     base = statistics.median(rows[2][1])
     print(f"{'what':40} {'min ms':>8} {'median ms':>10} {'vs programs':>12}")
     for name, t in rows:
