@@ -18,9 +18,6 @@ from .errors import HkError, StateError, UnsupportedError
 from .report import ERROR, UNSUPPORTED, Change, Result
 
 DEFAULT_STATE_DIR = "/var/lib/hkgpu-tune"
-# subsystem -> the profile section it needs
-SECTION_OF = {"sysctl": "sysctl", "link": "network", "ethtool": "network", "qdisc": "network",
-              "gpu": "gpu", "mps": "mps", "affinity": "affinity", "triton": "triton"}
 STATE_FILE = "state.json"
 
 
@@ -92,20 +89,16 @@ class Engine:
             bad = [n for n in only if n not in subsystems.ORDER]
             if bad:
                 raise HkError(f"--only: unknown subsystem {', '.join(bad)} "
-                              f"(have: {', '.join(subsystems.available())})")
+                              f"(have: {', '.join(subsystems.ORDER)})")
         # import only the subsystems this run needs: a section the profile lacks costs nothing
-        names = [n for n in subsystems.ORDER if (not only or n in only)
-                 and (n not in SECTION_OF or SECTION_OF[n] in profile.sections)]
-        classes = [subsystems.get(n) for n in names]
-        self.subs = [s for s in (c(profile, self.b) for c in classes if c) if s.enabled()]
+        names = [n for n in subsystems.for_sections(profile.sections) if not only or n in only]
+        self.subs = [subsystems.get(n)(profile, self.b) for n in names]
         self.by_name = {s.name: s for s in self.subs}
 
-    def _guard(self, sub, fn):
-        try:
-            return fn()
-        except HkError as e:
-            status = UNSUPPORTED if isinstance(e, UnsupportedError) else ERROR
-            return [Result(sub.name, "-", "-", None, None, status, str(e))]
+    @staticmethod
+    def _failed(sub, e: HkError) -> list[Result]:
+        status = UNSUPPORTED if isinstance(e, UnsupportedError) else ERROR
+        return [Result(sub.name, "-", "-", None, None, status, str(e))]
 
     def facts(self) -> dict:
         out = {}
@@ -119,7 +112,10 @@ class Engine:
     def verify(self) -> list[Result]:
         res = []
         for s in self.subs:
-            res += self._guard(s, s.verify)
+            try:
+                res += s.verify()
+            except HkError as e:
+                res += self._failed(s, e)
         return res
 
     def plan(self) -> tuple[list[Change], list[Result]]:
@@ -128,7 +124,7 @@ class Engine:
             try:
                 c, r = s.plan()
             except HkError as e:
-                c, r = [], self._guard(s, lambda e=e: (_ for _ in ()).throw(e))
+                c, r = [], self._failed(s, e)
             changes += c
             results += r
         return changes, results
@@ -174,7 +170,10 @@ class Engine:
             # keep the originals of earlier applies and of what could not be restored
             this_run = {c.ident for c in changes} - {c.ident for c, _ in errs}
             keep = [c for c in saved if c.ident not in this_run or c.ident in known]
-            self.state.save(keep) if keep else self.state.clear()
+            if keep:
+                self.state.save(keep)
+            else:
+                self.state.clear()
             return rep
         rep.results = self.verify()
         for r in rep.results:
@@ -193,10 +192,9 @@ class Engine:
         return errs
 
     def _sub(self, name):
-        cls = subsystems.get(name)
-        if cls is None:
+        if name not in subsystems.SECTION:
             raise StateError(f"the state file names subsystem {name!r}, which this version lacks")
-        return cls(self.profile, self.b)
+        return subsystems.get(name)(self.profile, self.b)
 
     def rollback(self) -> tuple[list[Change], list[str]]:
         """Restore every saved original, newest first; works after a crash mid-apply."""

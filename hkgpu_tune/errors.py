@@ -1,5 +1,4 @@
 """One exception base, a few meaningful subclasses (translated to exit codes at the CLI)."""
-import errno as _errno
 
 
 class HkError(Exception):
@@ -25,12 +24,3 @@ class ApplyError(HkError):
 class StateError(HkError):
     """The state file is missing, unreadable or not ours."""
 
-
-def from_oserror(exc, what):
-    """Map an OSError or NetlinkError to our exceptions, keeping errno."""
-    code = getattr(exc, "errno", None) or getattr(exc, "code", None)
-    if code in (_errno.EOPNOTSUPP, _errno.ENOENT, _errno.EINVAL, _errno.ENODEV) and "unsupported" in what:
-        return UnsupportedError(f"{what}: {exc}", code)
-    if code in (_errno.EPERM, _errno.EACCES):
-        return HkError(f"{what}: permission denied (run as root)", code)
-    return ApplyError(f"{what}: {exc}", code)

@@ -383,12 +383,10 @@ SECTIONS: dict[str, str] = {
 }
 
 
-def _parser(name: str) -> Callable[[Node], Any] | None:
+def _parser(name: str) -> Callable[[Node], Any]:
+    """The section's parser, imported only when the profile has that section."""
     mod, func = SECTIONS[name].split(":")
-    try:
-        return getattr(importlib.import_module(mod), func)
-    except (ImportError, AttributeError):
-        return None
+    return getattr(importlib.import_module(mod), func)
 
 
 @dataclass
@@ -422,8 +420,7 @@ def parse_profile_text(text: str, file: str = "<profile>") -> Profile:
     if root is None:
         raise ProfileError(f"{file}:1: the profile is empty")
     top = Node(root, file, "")
-    available = {k for k in SECTIONS if _parser(k)}
-    m = top.mapping(sorted(available | {"name", "description"}))
+    m = top.mapping(sorted(set(SECTIONS) | {"name", "description"}))
     prof = Profile(path=file)
     if "name" in m:
         prof.name = m["name"].string()

@@ -139,7 +139,7 @@ def print_changes(changes, results=(), console=None, title="plan") -> None:
     console.print(f"{len(changes)} change(s), {len(skipped)} not applicable")
 
 
-def escape(s: str, _extra=None) -> str:
+def escape(s: str) -> str:
     return _html_escape(str(s), quote=True)
 
 

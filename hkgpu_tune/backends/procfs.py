@@ -16,10 +16,10 @@ class ProcSys:
         return os.path.join(self.root, key.replace(".", "/"))
 
     def read(self, key: str) -> str | None:
-        """The value with whitespace normalised, or None where the kernel has no such key."""
+        """The value as the kernel prints it, or None where the kernel has no such key."""
         try:
             with open(self.path(key)) as f:
-                return " ".join(f.read().split())
+                return f.read().strip()
         except FileNotFoundError:
             return None
         except PermissionError as e:

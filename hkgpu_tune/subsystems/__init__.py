@@ -3,17 +3,17 @@ from __future__ import annotations
 
 import importlib
 
-# name -> module; each module defines a class `Plugin`
-ORDER = ["sysctl", "link", "ethtool", "qdisc", "gpu", "mps", "affinity", "triton"]
+# subsystem -> the profile section it reads; each module defines a class `Plugin`
+SECTION = {"sysctl": "sysctl", "link": "network", "ethtool": "network", "qdisc": "network",
+           "gpu": "gpu", "mps": "mps", "affinity": "affinity", "triton": "triton"}
+ORDER = list(SECTION)
 
 
 def get(name: str):
-    try:
-        mod = importlib.import_module(f"hkgpu_tune.subsystems.{name}")
-    except ImportError:
-        return None
-    return getattr(mod, "Plugin", None)
+    """The Plugin class of a subsystem in ORDER (imported on first use)."""
+    return importlib.import_module(f"hkgpu_tune.subsystems.{name}").Plugin
 
 
-def available() -> list[str]:
-    return [n for n in ORDER if get(n) is not None]
+def for_sections(sections) -> list[str]:
+    """The subsystems, in order, that the given profile sections need."""
+    return [n for n in ORDER if SECTION[n] in sections]

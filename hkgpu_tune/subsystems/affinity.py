@@ -293,7 +293,6 @@ def _irqbalance_text(text: str, irqs: list[int]) -> str:
 
 class Plugin(Subsystem):
     name = "affinity"
-    section = "affinity"
 
     @property
     def cfg(self) -> AffinityProfile:

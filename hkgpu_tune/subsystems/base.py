@@ -13,14 +13,10 @@ class Subsystem:
     """
 
     name = ""
-    section = ""  # profile section it reads; "" = always present
 
     def __init__(self, profile, backends):
         self.profile = profile
         self.b = backends
-
-    def enabled(self) -> bool:
-        return not self.section or self.profile.section(self.section) is not None
 
     # --- to implement
     def read(self) -> dict:

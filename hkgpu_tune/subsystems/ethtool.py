@@ -4,7 +4,7 @@ from __future__ import annotations
 from ..errors import HkError, UnsupportedError
 from ..report import DRIFT, ERROR, OK, UNSUPPORTED
 from .base import Subsystem
-from .link import resolve
+from .link import matched, resolve
 
 
 def _want(v, maximum):
@@ -13,22 +13,17 @@ def _want(v, maximum):
 
 class Plugin(Subsystem):
     name = "ethtool"
-    section = "network"
 
     def read(self) -> dict:
         st = {"links": self.b.net.links(), "dev": {}}
-        for rule in self.profile.network.interfaces:
-            for ln in st["links"]:
-                if ln["name"] in st["dev"]:
-                    continue
-                d = {}
-                for part, fn in (("channels", self.b.ethtool.channels), ("rings", self.b.ethtool.rings),
-                                 ("features", self.b.ethtool.features)):
-                    try:
-                        d[part] = fn(ln["name"])
-                    except HkError as e:
-                        d[part] = e
-                st["dev"][ln["name"]] = d
+        for ln in matched(self.profile, st["links"], ("channels", "rings", "offloads")):
+            d = st["dev"][ln["name"]] = {}
+            for part, fn in (("channels", self.b.ethtool.channels), ("rings", self.b.ethtool.rings),
+                             ("features", self.b.ethtool.features)):
+                try:
+                    d[part] = fn(ln["name"])
+                except HkError as e:
+                    d[part] = e
         return st
 
     def facts(self) -> dict:

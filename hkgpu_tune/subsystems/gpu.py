@@ -88,7 +88,6 @@ VERIFY_FIELDS = {"persistence": ("persistence",), "compute_mode": ("compute_mode
 
 class Plugin(Subsystem):
     name = "gpu"
-    section = "gpu"
     poll_s = 5.0   # how long a service-made change may take to show in NVML
 
     @property

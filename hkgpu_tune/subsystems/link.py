@@ -1,7 +1,7 @@
 """Link MTU, WAN route MTUs, and the don't-fragment probe that decides whether jumbo frames stay."""
 from __future__ import annotations
 
-from ..errors import ApplyError, HkError
+from ..errors import ApplyError
 from ..report import DRIFT, ERROR, OK, UNSUPPORTED
 from .base import Subsystem
 
@@ -18,6 +18,12 @@ def matches(match, link: dict) -> bool:
     if match.default_route and not link["default_route"]:
         return False
     return True
+
+
+def matched(profile, links: list[dict], attrs) -> list[dict]:
+    """The links some rule that sets one of `attrs` matches, each once."""
+    rules = [r for r in profile.network.interfaces if any(getattr(r, a) not in (None, {}, "") for a in attrs)]
+    return [ln for ln in links if any(matches(r.match, ln) for r in rules)]
 
 
 def resolve(sub: Subsystem, links: list[dict], attr: str):
@@ -40,7 +46,6 @@ def resolve(sub: Subsystem, links: list[dict], attr: str):
 
 class Plugin(Subsystem):
     name = "link"
-    section = "network"
 
     def read(self) -> dict:
         st = {"links": self.b.net.links(), "routes": {}}
@@ -124,15 +129,11 @@ class Plugin(Subsystem):
     def probe(self) -> list:
         """Read-only probe of the live MTU (for verify --probe)."""
         res = []
-        for ln in self.b.net.links():
-            for rule in self.profile.network.interfaces:
-                from .link import matches as _m
-                if rule.mtu and _m(rule.match, ln):
-                    for addr, why in self.probe_targets(ln["index"]):
-                        ok = self.ping(addr, ln["mtu"] - 28)
-                        res.append(self.result(ln["name"], f"path mtu to {addr}", ln["mtu"] - 28 if ok else "fails",
-                                               ln["mtu"] - 28, OK if ok else DRIFT, why))
+        pairs, _ = resolve(self, self.b.net.links(), "mtu")
+        for _, ln in pairs:
+            size = ln["mtu"] - 28
+            for addr, why in self.probe_targets(ln["index"]):
+                ok = self.ping(addr, size)
+                res.append(self.result(ln["name"], f"path mtu to {addr}", size if ok else "fails", size,
+                                       OK if ok else DRIFT, why))
         return res
-
-
-__all__ = ["Plugin", "matches", "resolve", "HkError"]

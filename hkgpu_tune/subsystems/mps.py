@@ -145,7 +145,6 @@ def dir_state(path: str) -> str | None:
 
 class Plugin(Subsystem):
     name = "mps"
-    section = "mps"
 
     @property
     def cfg(self) -> MpsProfile:

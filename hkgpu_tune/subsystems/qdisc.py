@@ -4,16 +4,16 @@ from __future__ import annotations
 from ..errors import ApplyError
 from ..report import DRIFT, OK, UNSUPPORTED
 from .base import Subsystem
-from .link import resolve
+from .link import matched, resolve
 
 
 class Plugin(Subsystem):
     name = "qdisc"
-    section = "network"
 
     def read(self) -> dict:
         links = self.b.net.links()
-        return {"links": links, "qdiscs": {ln["name"]: self.b.tc.qdiscs(ln["index"]) for ln in links}}
+        return {"links": links,
+                "qdiscs": {ln["name"]: self.b.tc.qdiscs(ln["index"]) for ln in matched(self.profile, links, ("qdisc",))}}
 
     def facts(self) -> dict:
         return self.read()["qdiscs"]
@@ -22,9 +22,12 @@ class Plugin(Subsystem):
         pairs, res = resolve(self, state["links"], "qdisc")
         for rule, ln in pairs:
             name, kind, q = ln["name"], rule.qdisc, state["qdiscs"][ln["name"]]
-            supported, why = self.b.tc.supported(kind)
-            data = {"index": ln["index"], "orig": q}
             multi = ln["tx_queues"] > 1
+            in_place = (q["root"] == "mq" and len(q["children"]) == ln["tx_queues"]
+                        and set(q["children"].values()) == {kind}) if multi else q["root"] == kind
+            # ask the kernel whether it has the kind only when something must change
+            supported, why = (True, "") if in_place else self.b.tc.supported(kind)
+            data = {"index": ln["index"], "orig": q}
             if not multi:
                 st = OK if q["root"] == kind else (DRIFT if supported else UNSUPPORTED)
                 res.append(self.result(name, "root", q["root"], kind, st, "" if st == OK else (why or "differs"),

@@ -9,7 +9,6 @@ from .base import Subsystem
 
 class Plugin(Subsystem):
     name = "sysctl"
-    section = "sysctl"
 
     def read(self) -> dict:
         out = {}
@@ -31,34 +30,27 @@ class Plugin(Subsystem):
             elif cur is None:
                 res.append(self.result("host", s.key, None, s.value, UNSUPPORTED,
                                        "no such sysctl in this kernel or network namespace", **kw))
-            elif not same(cur, s.value) and not (s.compare == "at_least" and at_least(cur, s.value)) \
-                    and self._read_only(s.key):
-                res.append(self.result("host", s.key, cur, s.value, UNSUPPORTED,
-                                       "read-only here: a global setting owned by the initial network namespace",
-                                       **kw))
             elif same(cur, s.value):
                 res.append(self.result("host", s.key, cur, s.value, OK, **kw))
             elif s.compare == "at_least" and at_least(cur, s.value):
                 res.append(self.result("host", s.key, cur, s.value, OK, "at least the desired value", **kw))
+            elif why := self._unsupported_value(s):
+                res.append(self.result("host", s.key, cur, s.value, UNSUPPORTED, why, **kw))
             else:
-                extra = self._unsupported_value(s, cur)
-                if extra:
-                    res.append(self.result("host", s.key, cur, s.value, UNSUPPORTED, extra, **kw))
-                    continue
                 want = s.value
-                if s.compare == "at_least":  # raise only the fields that are short
-                    want = " ".join(str(max(int(c), int(d))) for c, d in zip(cur.split(), s.value.split())) \
-                        if len(cur.split()) == len(s.value.split()) else s.value
+                if s.compare == "at_least" and len(cur.split()) == len(s.value.split()):
+                    # raise only the fields that are short
+                    want = " ".join(str(max(int(c), int(d))) for c, d in zip(cur.split(), s.value.split()))
                 res.append(self.result("host", s.key, cur, s.value, DRIFT,
                                        "below the desired value" if s.compare == "at_least" else "differs",
                                        write=want, **kw))
         return res
 
-    def _read_only(self, key) -> bool:
+    def _unsupported_value(self, s) -> str:
+        """Why a differing value cannot be written here ('' when it can)."""
         ro = getattr(self.b.sysctl, "read_only", None)
-        return bool(ro and ro(key))
-
-    def _unsupported_value(self, s, cur) -> str:
+        if ro and ro(s.key):
+            return "read-only here: a global setting owned by the initial network namespace"
         # a qdisc name the kernel lacks cannot be the default qdisc
         if s.key == "net.core.default_qdisc":
             ok, why = self.b.tc.supported(s.value)

@@ -302,7 +302,6 @@ class Plugin(Subsystem):
     server and model readiness, the served config of each model against the profile, metrics."""
 
     name = "triton"
-    section = "triton"
 
     @property
     def t(self) -> Triton:

@@ -5,7 +5,6 @@ import stat
 import pytest
 
 from hkgpu_tune.engine import Engine
-from hkgpu_tune.errors import ApplyError
 from hkgpu_tune.profile import parse_profile_text
 from hkgpu_tune.report import exit_code, to_json, to_junit, to_prometheus
 
@@ -248,8 +247,25 @@ def test_only_rejects_unknown_subsystem(tmp_path):
         engine(tmp_path, only=["sysctrl"])
 
 
-def test_apply_error_type(tmp_path):
-    assert issubclass(ApplyError, Exception)
+def test_verify_reads_only_the_matched_links(tmp_path):
+    """eno1 (igb) matches no rule: verify neither asks ethtool nor dumps its qdiscs."""
+    b = host()
+    asked = []
+    for name in ("channels", "rings", "features"):
+        orig = getattr(b.ethtool, name)
+        setattr(b.ethtool, name, lambda dev, orig=orig: asked.append(dev) or orig(dev))
+    orig_q = b.tc.qdiscs
+    b.tc.qdiscs = lambda index: asked.append(index) or orig_q(index)
+    engine(tmp_path, b).verify()
+    assert set(asked) == {"ens1f0", 2}
+
+
+def test_qdisc_support_is_asked_only_when_something_must_change(tmp_path):
+    b = host(tc=FakeTc({2: {"root": "mq", "root_handle": "1:0",
+                            "children": {f"1:{i}": "fq_codel" for i in range(1, 5)}}}))
+    b.tc.supported = lambda kind: pytest.fail("probed a qdisc that is already in place")
+    r = engine(tmp_path, b, only=["qdisc"]).verify()
+    assert {x.status for x in r} == {"ok"} and len(r) == 5
 
 
 def test_feature_needing_sg_is_unsupported(tmp_path):

@@ -86,12 +86,7 @@ def _read(path):
 
 def _subsystems_of(sections):
     from hkgpu_tune import subsystems
-    names = []
-    for n in subsystems.available():
-        sect = subsystems.get(n).section or n
-        if sect in sections:
-            names.append(n)
-    return names
+    return subsystems.for_sections(sections)
 
 
 def _node_profile(p):
