@@ -1,0 +1,88 @@
+"""The pieces of tests/gpu/run_multi_gpu.sh that need no GPU: the `nvidia-smi topo -m` parser, the
+comparison it feeds, and the generated host profile (gpu, mps and a Triton instance group over N GPUs)
+checked by the library's own profile parser and Triton's schema."""
+import importlib.util
+import json
+import os
+
+import pytest
+import yaml
+
+from hkgpu_tune.profile import parse_profile_text
+from hkgpu_tune.subsystems.affinity import service_placement
+
+from tests.gpu import multi_gpu
+from tests.gpu_unit.conftest import backends, load, materialize
+
+FIX = os.path.join(os.path.dirname(__file__), "..", "fixtures", "gpu")
+
+
+def topo_text(name):
+    with open(os.path.join(FIX, name)) as f:
+        return f.read()
+
+
+def test_parse_topo_dgx_two_sockets():
+    t = multi_gpu.parse_topo(topo_text("topo-m-dgx-h100.txt"))
+    assert sorted(t["gpus"]) == list(range(8))
+    assert t["gpus"][0]["cpus"] == list(range(52)) and t["gpus"][0]["numa"] == 0
+    assert t["gpus"][5]["cpus"] == list(range(52, 104)) and t["gpus"][5]["numa"] == 1
+    assert t["gpus"][5]["gpu_numa_id"] == "N/A"
+    assert t["gpus"][3]["links"]["GPU7"] == "NV18" and t["gpus"][3]["links"]["GPU3"] == "X"
+    assert t["gpus"][6]["links"]["NIC1"] == "PXB"
+
+
+def test_parse_topo_one_gpu_no_numa_and_ansi():
+    text = ("\t\x1b[4mGPU0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
+            "GPU0\t X \t0-15\t0\t\tN/A\n\nLegend:\n\n  X    = Self\n")
+    t = multi_gpu.parse_topo(text)
+    assert t["gpus"] == {0: {"cpus": list(range(16)), "cpus_text": "0-15", "numa": 0, "gpu_numa_id": "N/A",
+                             "links": {"GPU0": "X"}}}
+    t = multi_gpu.parse_topo("\tGPU0\tCPU Affinity\tNUMA Affinity\nGPU0\t X \t0-15\tN/A\n")
+    assert t["gpus"][0]["numa"] is None and t["gpus"][0]["gpu_numa_id"] is None
+
+
+def test_parse_topo_no_affinity_column():
+    with pytest.raises(ValueError):
+        multi_gpu.parse_topo("NVIDIA-SMI has failed\n")
+
+
+def test_replayed_dgx_placement_matches_its_topo(tmp_path):
+    """The library's placement of the replayed DGX agrees with that host's topo -m, GPU by GPU."""
+    dgx = load("dgx-h100-8gpu.json")
+    root = materialize(dgx["tree"], tmp_path / "dgx")
+    b = backends(dgx["gpu"], root=root)
+    t = multi_gpu.parse_topo(topo_text("topo-m-dgx-h100.txt"))
+    for i in range(8):
+        pl = service_placement(b, i)
+        assert pl["cpus"] == t["gpus"][i]["cpus"] and pl["numa_node"] == t["gpus"][i]["numa"], (i, pl)
+
+
+@pytest.mark.parametrize("n", [1, 8])
+def test_profile_doc_parses_and_spreads_instances(n, tmp_path):
+    dgx = load("dgx-h100-8gpu.json")
+    gpus = dgx["gpu"]["gpus"][:n]
+    place = {i: {"cpus": g["cpu_affinity"], "numa_node": g["numa_node"]} for i, g in enumerate(gpus)}
+    doc, differ = multi_gpu.profile_doc(gpus, place, (18000, 18001, 18002))
+    assert differ == []
+    if importlib.util.find_spec("tritonclient") is None:
+        doc.pop("triton")   # the Triton schema check needs tritonclient
+    prof = parse_profile_text(yaml.safe_dump(doc), str(tmp_path / "p.yaml"))
+    g = prof.section("gpu")
+    assert (g.persistence, g.compute_mode, g.power_limit_w) == (True, "default", 700)
+    assert g.application_clocks.sm == 1980
+    assert prof.section("mps").default_pinned_mem_limit == tuple((i, "16G") for i in range(n))
+    if "triton" in doc:
+        m = prof.section("triton").models[0]
+        assert m.config["instance_group"] == [{"count": 1, "kind": "KIND_GPU", "gpus": list(range(n))}]
+        params = m.config["parameters"]
+        assert params[f"cpus_gpu{n - 1}"]["string_value"] == ("52-103" if n == 8 else "0-51")
+        assert prof.section("triton").gpu is None
+
+
+def test_profile_doc_reports_gpus_that_differ():
+    dgx = load("dgx-h100-8gpu.json")
+    gpus = json.loads(json.dumps(dgx["gpu"]["gpus"][:2]))
+    gpus[1]["power_limit_w"] = 650.0
+    _, differ = multi_gpu.profile_doc(gpus, {0: {"cpus": [0]}, 1: {"cpus": [1]}})
+    assert differ == ["gpu1 power_limit_w"]
