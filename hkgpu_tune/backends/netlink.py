@@ -332,10 +332,11 @@ class Tc:
         for m in msgs:
             if m["parent"] == TC_H_ROOT:
                 root, root_handle = m.get_attr("TCA_KIND"), m["handle"]
+        # the mq the kernel attaches by itself has handle 0: (its queues are 0:1, 0:2, ...)
         for m in msgs:
-            if root_handle and m["parent"] != TC_H_ROOT and (m["parent"] >> 16) == (root_handle >> 16):
+            if root is not None and m["parent"] != TC_H_ROOT and (m["parent"] >> 16) == (root_handle >> 16):
                 children[_handle(m["parent"])] = m.get_attr("TCA_KIND")
-        return {"root": root or "noqueue", "root_handle": _handle(root_handle) if root_handle else None,
+        return {"root": root or "noqueue", "root_handle": _handle(root_handle) if root is not None else None,
                 "children": dict(sorted(children.items(), key=lambda kv: int(kv[0].split(":")[1], 16)))}
 
     def _opts(self, kind: str, index: int) -> dict:

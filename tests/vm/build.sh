@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Build a small Debian VM image for the reboot test: systemd, sshd, a data NIC, and
-# hkgpu-tune in /opt/hkgpu-tune. Everything from Debian's packages and PyPI wheels.
-#   tests/vm/build.sh OUTDIR      -> OUTDIR/{disk.img,vmlinuz,initrd.img,id_ed25519}
+# Build a small Debian test node for the VM tests: systemd, dbus, sshd, python3, ethtool,
+# iproute2, ping and Debian's cloud kernel (fq_codel built in). The toolkit is not in the image:
+# the hkgpu_install role installs it from the wheelhouse built here (PyPI wheels for the
+# guest's Python 3.11), as it would on a node with no package index.
+#   tests/vm/build.sh OUTDIR   -> OUTDIR/{disk.img,vmlinuz,initrd.img,id_ed25519,wheelhouse/}
 set -euo pipefail
 OUT=$(realpath -m "${1:?usage: build.sh OUTDIR}")
 REPO=$(cd "$(dirname "$0")/../.." && pwd)
 mkdir -p "$OUT"
-[ -s "$OUT/disk.img" ] && [ -s "$OUT/vmlinuz" ] && { echo "vm image exists in $OUT"; exit 0; }
+[ -s "$OUT/disk.img" ] && [ -s "$OUT/vmlinuz" ] && [ -d "$OUT/wheelhouse" ] && { echo "vm image exists in $OUT"; exit 0; }
 ROOT="$OUT/rootfs"
 rm -rf "$ROOT"
 
@@ -18,22 +20,22 @@ debootstrap --variant=minbase \
   --include=systemd-sysv,udev,dbus,openssh-server,python3,python3-venv,ethtool,iproute2,kmod,iputils-ping,linux-image-cloud-amd64,initramfs-tools \
   bookworm "$ROOT" "$MIRROR" >"$OUT/debootstrap.log" 2>&1
 
-# hkgpu-tune and its runtime deps as wheels, installed into a venv inside the image
-W="$ROOT/tmp/wheels"; mkdir -p "$W"
-python3 -m pip wheel -q --no-deps -w "$W" "$REPO"
-python3 -m pip download -q --only-binary=:all: --python-version 3.11 --platform manylinux2014_x86_64 \
-  --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 -d "$W" pyroute2 pyyaml rich psutil nvidia-ml-py
-chroot "$ROOT" python3 -m venv /opt/hkgpu-tune
-chroot "$ROOT" /opt/hkgpu-tune/bin/pip install -q --no-index --find-links /tmp/wheels hkgpu-tune
-ln -sf /opt/hkgpu-tune/bin/hkgpu-tune "$ROOT/usr/local/bin/hkgpu-tune"
-rm -rf "$W"
+# the toolkit's runtime dependencies as wheels for the guest (the role copies them over)
+rm -rf "$OUT/wheelhouse"
+deps=$(python3 -c 'import tomllib, sys; print(" ".join(tomllib.load(open(sys.argv[1], "rb"))["project"]["dependencies"]))' "$REPO/pyproject.toml")
+python3 -m pip download -q --disable-pip-version-check --only-binary=:all: --python-version 3.11 \
+  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+  -d "$OUT/wheelhouse" $deps
 
-# system: hostname, fstab, network (eth0 for SSH; eth1 is the data NIC, owned by networkd)
+# system: hostname, fstab, network by MAC (tests/vm/vm.py sets them): the management NIC for
+# SSH (QEMU user network), the data NIC (tap into the test's namespace), owned by networkd
 echo hkvm >"$ROOT/etc/hostname"
 echo "/dev/vda / ext4 rw,relatime 0 1" >"$ROOT/etc/fstab"
 mkdir -p "$ROOT/etc/systemd/network"
-printf '[Match]\nName=eth0\n[Network]\nAddress=10.0.2.15/24\nGateway=10.0.2.2\n' >"$ROOT/etc/systemd/network/10-eth0.network"
-printf '[Match]\nName=eth1\n[Network]\nAddress=198.18.200.1/24\nLinkLocalAddressing=no\n' >"$ROOT/etc/systemd/network/20-data.network"
+printf '[Match]\nMACAddress=52:54:00:00:02:0f\n[Network]\nAddress=10.0.2.15/24\nGateway=10.0.2.2\nLinkLocalAddressing=no\n' \
+  >"$ROOT/etc/systemd/network/10-mgmt.network"
+printf '[Match]\nMACAddress=52:54:00:12:c9:01\n[Network]\nAddress=198.18.201.1/24\nLinkLocalAddressing=no\n' \
+  >"$ROOT/etc/systemd/network/20-data.network"
 chroot "$ROOT" systemctl enable systemd-networkd ssh >/dev/null 2>&1
 rm -f "$ROOT"/etc/ssh/ssh_host_*
 chroot "$ROOT" ssh-keygen -A >/dev/null

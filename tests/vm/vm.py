@@ -1,13 +1,51 @@
-"""Boot the test VM under QEMU (software emulation), reach it over SSH on loopback."""
+"""The test node: a Debian VM under QEMU (software emulation), 2 vCPUs on 2 NUMA nodes.
+
+- management NIC: QEMU's user network, SSH forwarded from 127.0.0.1 only (restrict=on);
+- data NIC: virtio-net with 4 queue pairs on a multi-queue tap whose host end sits in a network
+  namespace of the test's own (a bridge, the "switch"), behind a PCI expander bridge on NUMA
+  node 1; the fabric peer 198.18.201.2 is a second namespace on that bridge.
+"""
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import os
 import shutil
 import socket
+import struct
 import subprocess
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(os.path.dirname(HERE))
+
+MGMT_MAC = "52:54:00:00:02:0f"   # build.sh matches the NICs by these
+DATA_MAC = "52:54:00:12:c9:01"
+DATA_ADDR, PEER_ADDR = "198.18.201.1", "198.18.201.2"
+QUEUES = 4                        # > vCPUs: the guest starts with 2 combined channels, max 4
+DATA_NUMA = 1
+
+TUNSETIFF = 0x400454CA
+IFF_TAP, IFF_NO_PI, IFF_VNET_HDR, IFF_MULTI_QUEUE = 0x0002, 0x1000, 0x4000, 0x0100
+
+
+def image_key() -> str:
+    """The cache key: the build script and the toolkit's dependencies (the wheelhouse)."""
+    h = hashlib.sha256()
+    for f in (os.path.join(HERE, "build.sh"), os.path.join(REPO, "pyproject.toml")):
+        with open(f, "rb") as fh:
+            h.update(fh.read())
+    return h.hexdigest()[:12]
+
+
+def image_dir(cache: str) -> str:
+    """OUT dir for this key under the cache; images of other keys are removed."""
+    key = image_key()
+    if os.path.isdir(cache):
+        for old in os.listdir(cache):
+            if old != key:
+                shutil.rmtree(os.path.join(cache, old), ignore_errors=True)
+    return os.path.join(cache, key)
 
 
 def free_port() -> int:
@@ -16,74 +54,175 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def sh(*argv: str) -> None:
+    subprocess.run(argv, check=True, capture_output=True, text=True)
+
+
+def nsx(ns: str, *argv: str) -> None:
+    sh("ip", "netns", "exec", ns, *argv)
+
+
+def tap_fds(ns: str, name: str, queues: int) -> list[int]:
+    """Open a multi-queue tap inside namespace ns (one fd per queue) for QEMU's fds=."""
+    from pyroute2.netns import popns, pushns
+    pushns(ns)
+    try:
+        fds = []
+        for _ in range(queues):
+            fd = os.open("/dev/net/tun", os.O_RDWR)
+            fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH", name.encode(),
+                                                   IFF_TAP | IFF_NO_PI | IFF_VNET_HDR | IFF_MULTI_QUEUE))
+            fds.append(fd)
+        return fds
+    finally:
+        popns()
+
+
 class VM:
-    def __init__(self, img_dir: str, log: str):
-        self.dir, self.log = img_dir, log
+    def __init__(self, img_dir: str, workdir: str):
+        self.dir, self.work = img_dir, workdir
+        self.log = os.path.join(workdir, "console.log")
+        self.key = os.path.join(img_dir, "id_ed25519")
         self.port = free_port()
+        tag = str(os.getpid() % 100000)
+        self.sw, self.peer = f"hkvm-sw-{tag}", f"hkvm-peer-{tag}"
         self.proc = None
 
-    def start(self):
+    # ------------------------------------------------------------------ the test's network
+    def net_up(self) -> None:
+        sh("ip", "netns", "add", self.sw)
+        sh("ip", "netns", "add", self.peer)
+        nsx(self.sw, "ip", "link", "add", "br0", "mtu", "9000", "type", "bridge")
+        nsx(self.sw, "ip", "link", "add", "p0", "mtu", "9000", "type", "veth", "peer", "name", "fab0",
+            "mtu", "9000", "netns", self.peer)
+        nsx(self.sw, "ip", "link", "set", "p0", "master", "br0", "up")
+        nsx(self.sw, "ip", "link", "set", "br0", "up")
+        nsx(self.peer, "ip", "addr", "add", f"{PEER_ADDR}/24", "dev", "fab0")
+        nsx(self.peer, "ip", "link", "set", "fab0", "up")
+        nsx(self.peer, "ip", "link", "set", "lo", "up")
+
+    def tap_up(self) -> None:
+        nsx(self.sw, "ip", "link", "set", "tap0", "mtu", "9000", "master", "br0", "up")
+
+    def peer_mtu(self, mtu: int) -> None:
+        """The path to the fabric peer passes frames up to mtu bytes (the bridge drops larger)."""
+        nsx(self.sw, "ip", "link", "set", "p0", "mtu", str(mtu))
+        nsx(self.peer, "ip", "link", "set", "fab0", "mtu", str(mtu))
+
+    def net_down(self) -> None:
+        for ns in (self.sw, self.peer):
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+    # ------------------------------------------------------------------ the machine
+    def start(self) -> None:
         # a copy-on-write overlay: the cached image never changes
-        self.disk = os.path.join(os.path.dirname(self.log), "overlay.qcow2")
-        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", f"{self.dir}/disk.img", "-F", "raw",
-                        self.disk], check=True)
+        self.disk = os.path.join(self.work, "overlay.qcow2")
+        sh("qemu-img", "create", "-q", "-f", "qcow2", "-b", f"{self.dir}/disk.img", "-F", "raw", self.disk)
+        self.net_up()
+        fds = tap_fds(self.sw, "tap0", QUEUES)
+        self.tap_up()
         kvm = os.environ.get("HKGPU_VM_KVM") == "1"  # KVM guests hang on this test bed: TCG by default
         argv = [shutil.which("qemu-system-x86_64"), "-accel", "kvm" if kvm else "tcg", "-m", "1024", "-smp", "2",
                 "-object", "memory-backend-ram,id=m0,size=512M", "-object", "memory-backend-ram,id=m1,size=512M",
                 "-numa", "node,nodeid=0,cpus=0,memdev=m0", "-numa", "node,nodeid=1,cpus=1,memdev=m1",
                 "-kernel", f"{self.dir}/vmlinuz", "-initrd", f"{self.dir}/initrd.img",
                 "-append", "root=/dev/vda rw console=ttyS0 net.ifnames=0 quiet",
-                "-drive", f"file={self.disk},if=virtio,format=qcow2",
+                "-drive", f"file={self.disk},if=none,id=d0,format=qcow2",
+                "-device", "virtio-blk-pci,drive=d0,bus=pci.0",
                 "-netdev", f"user,id=n0,restrict=on,hostfwd=tcp:127.0.0.1:{self.port}-:22",
-                "-device", "virtio-net-pci,netdev=n0",
-                "-netdev", "user,id=n1,restrict=on,net=198.18.200.0/24,host=198.18.200.2",
-                "-device", "virtio-net-pci,netdev=n1",
+                "-device", f"virtio-net-pci,netdev=n0,mac={MGMT_MAC},bus=pci.0",
+                # the data NIC sits behind a PCI expander bridge on NUMA node 1 (a bridge below it:
+                # QEMU plugs only bridges into a pxb)
+                "-device", f"pxb,id=pxb1,bus_nr=8,numa_node={DATA_NUMA},bus=pci.0",
+                "-device", "pci-bridge,id=br1,bus=pxb1,chassis_nr=1",
+                "-netdev", f"tap,id=n1,fds={':'.join(map(str, fds))},vhost=off",
+                "-device", f"virtio-net-pci,netdev=n1,mac={DATA_MAC},mq=on,vectors={2 * QUEUES + 2},"
+                           "bus=br1,addr=0x1",
                 "-display", "none", "-serial", f"file:{self.log}", "-monitor", "none"]
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         stderr=open(os.path.join(self.work, "qemu.err"), "w"),
+                                         pass_fds=fds, start_new_session=True)
+        finally:
+            for fd in fds:
+                os.close(fd)
+
+    def ssh_argv(self) -> list[str]:
+        return ["ssh", "-i", self.key, "-p", str(self.port), "-o", "StrictHostKeyChecking=no",
+                "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=5",
+                "-o", "BatchMode=yes", "root@127.0.0.1"]
 
     def ssh(self, cmd: str, timeout=300, check=False) -> subprocess.CompletedProcess:
-        argv = ["ssh", "-i", f"{self.dir}/id_ed25519", "-p", str(self.port), "-o", "StrictHostKeyChecking=no",
-                "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=5",
-                "-o", "BatchMode=yes", "root@127.0.0.1", cmd]
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+        p = subprocess.run(self.ssh_argv() + [cmd], capture_output=True, text=True, timeout=timeout)
         if check and p.returncode != 0:
             raise AssertionError(f"vm: {cmd}: rc={p.returncode}\n{p.stdout}\n{p.stderr}")
         return p
 
-    def put(self, local: str, remote: str) -> None:
-        with open(local, "rb") as f:
-            argv = ["ssh", "-i", f"{self.dir}/id_ed25519", "-p", str(self.port), "-o", "StrictHostKeyChecking=no",
-                    "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "BatchMode=yes",
-                    "root@127.0.0.1", f"cat > {remote}"]
-            subprocess.run(argv, stdin=f, check=True, timeout=120)
+    def reachable(self) -> bool:
+        try:
+            return self.ssh("true", timeout=20).returncode == 0
+        except subprocess.TimeoutExpired:
+            return False
 
-    def wait_ssh(self, timeout=240) -> float:
+    def inventory(self, path: str, **hostvars) -> str:
+        """An Ansible inventory (YAML) naming this VM as host hkvm."""
+        import yaml
+        host = {"ansible_host": "127.0.0.1", "ansible_port": self.port, "ansible_user": "root",
+                "ansible_ssh_private_key_file": self.key, "ansible_python_interpreter": "/usr/bin/python3",
+                # testinfra: no control master (it would outlive a reboot)
+                "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
+                                           "-o ControlMaster=no",
+                **hostvars}
+        with open(path, "w") as f:
+            yaml.safe_dump({"all": {"hosts": {"hkvm": host}}}, f)
+        return path
+
+    def wait_ssh(self, timeout=300) -> float:
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
             if self.proc.poll() is not None:
                 raise AssertionError(f"qemu exited ({self.proc.returncode}); console in {self.log}")
             try:
-                if self.ssh("systemctl is-system-running --wait >/dev/null 2>&1; true", timeout=120).returncode == 0:
+                if self.ssh("systemctl is-system-running --wait >/dev/null 2>&1; true", timeout=180).returncode == 0:
                     return time.monotonic() - t0
             except subprocess.TimeoutExpired:
                 pass
             time.sleep(1)
         raise AssertionError(f"no SSH after {timeout} s; console in {self.log}")
 
+    def close_masters(self) -> None:
+        """End the SSH control masters Ansible left (they would outlive a reboot)."""
+        for f in os.listdir(self.work):
+            if f.startswith("cm-"):
+                subprocess.run(["ssh", "-o", f"ControlPath={os.path.join(self.work, f)}", "-O", "exit", "hkvm"],
+                               capture_output=True, timeout=10)
+
     def reboot(self) -> float:
-        self.ssh("systemctl reboot", timeout=30)
+        self.close_masters()
+        boot_id = self.ssh("cat /proc/sys/kernel/random/boot_id", check=True).stdout
         t0 = time.monotonic()
-        while time.monotonic() - t0 < 60:  # wait until sshd is gone
-            try:
-                if self.ssh("true", timeout=5).returncode != 0:
-                    break
-            except subprocess.TimeoutExpired:
+        self.ssh("systemctl reboot", timeout=30)
+        while time.monotonic() - t0 < 120:  # until sshd is gone
+            if not self.reachable():
                 break
             time.sleep(0.5)
-        return self.wait_ssh()
+        self.wait_ssh()
+        assert self.ssh("cat /proc/sys/kernel/random/boot_id", check=True).stdout != boot_id, "did not reboot"
+        return time.monotonic() - t0
 
-    def stop(self):
+    def stop(self) -> None:
+        """Power off (a clean shutdown), then remove the overlay and the namespaces."""
+        self.close_masters()
         if self.proc and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+            try:
+                self.ssh("systemctl poweroff", timeout=20)
+            except subprocess.TimeoutExpired:
+                pass
+            try:
+                self.proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.net_down()
+        if getattr(self, "disk", None) and os.path.exists(self.disk):
+            os.unlink(self.disk)

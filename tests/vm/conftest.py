@@ -1,0 +1,71 @@
+"""The VM test node (tests/vm/vm.py): built once per cache key, booted once per module."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .vm import HERE, VM, image_dir
+
+CACHE = os.environ.get("HKGPU_VM_DIR", "/var/cache/hkgpu-tune/vm")
+STAGES: list[tuple[str, float]] = []   # (stage, seconds), printed at the end of the run
+
+
+class Stage:
+    """with stage("name"): ... records how long the stage took."""
+    def __init__(self, name: str):
+        self.name = name
+
+    def __enter__(self):
+        self.t0 = time.monotonic()
+
+    def __exit__(self, *exc):
+        STAGES.append((self.name + ("" if exc[0] is None else " (failed)"), time.monotonic() - self.t0))
+
+
+@pytest.fixture(scope="session")
+def stage():
+    return Stage
+
+
+def pytest_terminal_summary(terminalreporter):
+    if STAGES:
+        terminalreporter.section("VM test node: time per stage")
+        for name, s in STAGES:
+            terminalreporter.write_line(f"{s:8.1f} s  {name}")
+
+
+def vm_missing() -> str:
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, a tap device)"
+    for tool in ("qemu-system-x86_64", "qemu-img", "debootstrap", "mkfs.ext4", "ssh", "ip"):
+        if not shutil.which(tool):
+            return f"{tool} is not installed (scripts/apt-packages.txt lists it)"
+    if not os.path.exists("/dev/net/tun"):
+        return "/dev/net/tun is missing (the data NIC is a tap)"
+    return ""
+
+
+@pytest.fixture(scope="module")
+def vm(tmp_path_factory):
+    why = vm_missing()
+    if why:
+        pytest.skip(why)
+    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    img = image_dir(CACHE)
+    with Stage("image (build, or the cached one)"):
+        b = subprocess.run([os.path.join(HERE, "build.sh"), img], capture_output=True, text=True, timeout=1200)
+    assert b.returncode == 0, f"image build failed:\n{b.stdout}\n{b.stderr}"
+    m = VM(img, str(tmp_path_factory.mktemp("vm")))
+    try:
+        with Stage("boot to SSH"):
+            m.start()
+            m.wait_ssh()
+        yield m
+    finally:
+        with Stage("shutdown and clean-up"):
+            m.stop()

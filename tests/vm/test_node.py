@@ -1,0 +1,182 @@
+"""A real test node (tests/vm/vm.py): Debian's kernel and systemd under QEMU, a multi-queue data NIC
+on NUMA node 1, a fabric peer in a namespace of the test's own.
+
+Order matters (one VM for the module): converge with ansible-playbook, verify, reboot, verify
+again with zero drift (the boot unit puts back what the kernel forgot), testinfra before and
+after; roll back across a reboot; then the don't-fragment probe towards a peer that passes only
+1500 bytes fails, the old MTU stays and the VM stays reachable.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from .vm import DATA_MAC, PEER_ADDR, QUEUES, REPO
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+CLI = "/opt/hkgpu-tune/bin/hkgpu-tune"
+NODE_PROFILE = "/etc/hkgpu-tune/node.yaml"
+
+
+def node_vars(vm, wheels: str) -> dict:
+    """The default profile (hk-inference) for this node: its data NIC is virtio, not mlx5, and its
+    fabric peer is the test's namespace; NIC interrupts go to the NIC's own NUMA node."""
+    with open(os.path.join(REPO, "hkgpu_tune", "profiles", "hk-inference.yaml")) as f:
+        prof = yaml.safe_load(f)
+    iface = dict(prof["network"]["interfaces"][0], match={"mac": DATA_MAC})
+    return {"hkgpu_network_interfaces": [iface],
+            "hkgpu_network_fabric_peers": [PEER_ADDR],
+            "hkgpu_network_sysctl": prof["sysctl"],
+            "hkgpu_affinity_settings": {"nics": [{"match": {"mac": DATA_MAC}, "irq_cpus": "local"}]},
+            "hkgpu_install_source": REPO, "hkgpu_install_wheel_dir": wheels,
+            "hkgpu_install_wheelhouse": os.path.join(vm.dir, "wheelhouse")}
+
+
+@pytest.fixture(scope="module")
+def node(vm, tmp_path_factory):
+    d = tmp_path_factory.mktemp("ansible")
+    extra = d / "vars.yml"
+    extra.write_text(yaml.safe_dump(node_vars(vm, str(tmp_path_factory.mktemp("wheels")))))
+    return {"inventory": vm.inventory(str(d / "hosts.yml")), "extra": str(extra)}
+
+
+def playbook(vm, node, name: str) -> tuple[subprocess.CompletedProcess, dict]:
+    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"),
+               ANSIBLE_ROLES_PATH=os.path.join(REPO, "roles"), ANSIBLE_FORCE_COLOR="0",
+               ANSIBLE_SSH_ARGS=f"-o ControlMaster=auto -o ControlPersist=120s "
+                                f"-o ControlPath={vm.work}/cm-%C -o PreferredAuthentications=publickey")
+    p = subprocess.run(["ansible-playbook", "-i", node["inventory"], "-e", f"@{node['extra']}",
+                        os.path.join(REPO, "playbooks", name)],
+                       capture_output=True, text=True, cwd=REPO, env=env, timeout=1200)
+    m = re.search(r"^hkvm\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", p.stdout, re.M)
+    recap = dict(zip(("ok", "changed", "unreachable", "failed"), map(int, m.groups()))) if m else {}
+    return p, recap
+
+
+def verify(vm) -> tuple[int, dict]:
+    p = vm.ssh(f"{CLI} verify --json --profile {NODE_PROFILE}", timeout=300)
+    assert p.stdout, p.stderr
+    return p.returncode, json.loads(p.stdout)
+
+
+def not_ok(doc: dict) -> list[str]:
+    return [f"{r['subsystem']} {r['target']} {r['key']}: {r['status']} {r['current']!r} -> {r['desired']!r} "
+            f"{r.get('reason', '')}" for r in doc["results"] if r["status"] != "ok"]
+
+
+def run_testinfra(vm, node) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", REPO,
+                           os.path.join(REPO, "tests", "infra"), "--hosts=ansible://all",
+                           f"--ansible-inventory={node['inventory']}"],
+                          capture_output=True, text=True, cwd=REPO, timeout=600)
+
+
+def data_nic(vm) -> dict:
+    """What the guest kernel says about the data NIC: name, MTU, channels, IRQ CPUs, root qdisc."""
+    script = f"""
+set -e
+n=$(grep -il {DATA_MAC} /sys/class/net/*/address | cut -d/ -f5)
+echo "name=$n"
+echo "mtu=$(cat /sys/class/net/$n/mtu)"
+echo "numa=$(cat /sys/class/net/$n/device/../numa_node)"  # device is virtioN, its parent the PCI function
+echo "combined=$(ethtool -l $n | awk '/^Current/{{c=1}} c && /^Combined/{{print $2; exit}}')"
+echo "qdisc=$(tc qdisc show dev $n | head -1 | cut -d' ' -f2)"
+echo "children=$(tc qdisc show dev $n | awk '$0 ~ /parent/ {{print $2}}' | sort -u | tr '\\n' ' ')"
+dev=$(basename $(readlink -f /sys/class/net/$n/device))
+irqs=$(grep -E "$dev-(input|output)" /proc/interrupts | cut -d: -f1 | tr -d ' ')
+echo "irq_cpus=$(for i in $irqs; do cat /proc/irq/$i/smp_affinity_list; done | sort -u | tr '\\n' ' ')"
+"""
+    out = vm.ssh(script, check=True).stdout
+    return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+
+
+def test_converge_reboot_verify(vm, node, stage):
+    # the node as it boots: 2 of 4 channels (one per vCPU), MTU 1500, NIC interrupts spread by
+    # the driver, and a site that sets pfifo_fast (Debian's own default is fq_codel)
+    vm.ssh("echo net.core.default_qdisc=pfifo_fast > /etc/sysctl.d/55-site-qdisc.conf && "
+           "sysctl -qw net.core.default_qdisc=pfifo_fast && "
+           f"n=$(grep -il {DATA_MAC} /sys/class/net/*/address | cut -d/ -f5) && "
+           "tc qdisc replace dev $n root handle 1: mq && tc qdisc replace dev $n parent 1:1 pfifo_fast", check=True)
+    before = data_nic(vm)
+    assert before["numa"] == "1" and before["mtu"] == "1500", before
+    assert before["combined"] == "2", before        # the kernel's default; max is QUEUES
+    assert before["irq_cpus"].split() != ["1"], before
+
+    with stage("ansible-playbook site.yml (first converge, toolkit installed)"):
+        p, recap = playbook(vm, node, "site.yml")
+    assert p.returncode == 0 and recap.get("failed") == 0 and recap.get("changed", 0) > 0, p.stdout[-5000:]
+
+    with stage("hkgpu-tune verify over SSH"):
+        rc, doc = verify(vm)
+    assert rc == 0 and not not_ok(doc), not_ok(doc)
+    keys = {(r["subsystem"], r["key"]) for r in doc["results"]}
+    assert ("qdisc", "root") in keys and ("link", "mtu") in keys and ("affinity", "smp_affinity_list") in keys
+    assert ("sysctl", "net.core.default_qdisc") in keys   # fq_codel: ok here, not unsupported
+    now = data_nic(vm)
+    assert (now["mtu"], now["combined"], now["qdisc"], now["irq_cpus"].split()) == \
+        ("9000", str(QUEUES), "mq", ["1"]), now
+    assert now["children"].split() == ["fq_codel"], now
+
+    with stage("ansible-playbook site.yml (re-run)"):
+        p, recap = playbook(vm, node, "site.yml")
+    assert p.returncode == 0 and recap.get("changed") == 0, p.stdout[-5000:]
+
+    with stage("testinfra before the reboot"):
+        t = run_testinfra(vm, node)
+    assert t.returncode == 0 and f"{len(doc['results'])} passed" in t.stdout, t.stdout[-3000:]
+
+    with stage("reboot to SSH"):
+        vm.reboot()
+    # the kernel forgot the runtime-only settings; the boot unit put them back
+    journal = vm.ssh("journalctl -b -o cat -u hkgpu-tune.service", check=True).stdout
+    assert "combined" in journal and "smp_affinity_list" in journal, journal[-3000:]
+    unit = vm.ssh("systemctl show -p ActiveState,Result hkgpu-tune.service hkgpu-tune-verify.service",
+                  check=True).stdout
+    assert unit.count("Result=success") == 2 and "ActiveState=failed" not in unit, unit
+    after = data_nic(vm)
+    assert (after["mtu"], after["combined"], after["qdisc"], after["irq_cpus"].split()) == \
+        ("9000", str(QUEUES), "mq", ["1"]), after
+    with stage("hkgpu-tune verify over SSH after the reboot"):
+        rc, doc = verify(vm)
+    assert rc == 0 and not not_ok(doc), not_ok(doc)
+    with stage("testinfra after the reboot"):
+        t = run_testinfra(vm, node)
+    assert t.returncode == 0 and f"{len(doc['results'])} passed" in t.stdout, t.stdout[-3000:]
+
+
+def test_rollback_survives_reboot(vm, node, stage):
+    with stage("ansible-playbook rollback.yml"):
+        p, recap = playbook(vm, node, "rollback.yml")
+    assert p.returncode == 0 and recap.get("failed") == 0, p.stdout[-5000:]
+    with stage("reboot to SSH"):
+        vm.reboot()
+    now = data_nic(vm)
+    assert (now["mtu"], now["combined"]) == ("1500", "2"), now
+    assert vm.ssh("sysctl -n net.core.default_qdisc", check=True).stdout.strip() == "pfifo_fast"
+    left = vm.ssh("ls /etc/sysctl.d/60-hkgpu-tune.conf /etc/systemd/system/hkgpu-tune.service "
+                  "/etc/systemd/system/hkgpu-tune-verify.service /etc/systemd/network/*.d 2>/dev/null; true").stdout
+    assert not left.strip(), left
+
+
+def test_probe_failure_keeps_the_old_mtu(vm, node, stage):
+    vm.peer_mtu(1500)   # the fabric now passes only 1500-byte frames to the peer
+    try:
+        with stage("ansible-playbook site.yml (probe fails)"):
+            p, recap = playbook(vm, node, "site.yml")
+        assert p.returncode != 0 and recap.get("failed") == 1, p.stdout[-5000:]
+        assert PEER_ADDR in p.stdout, p.stdout[-5000:]      # the failure names the peer
+        assert vm.reachable()
+        now = data_nic(vm)
+        assert now["mtu"] == "1500", now
+        # nothing of the failed run stays: no persisted files, nothing left to roll back
+        left = vm.ssh("ls /etc/sysctl.d/60-hkgpu-tune.conf /etc/systemd/network/*.d 2>/dev/null; true").stdout
+        assert not left.strip(), left
+    finally:
+        vm.peer_mtu(9000)
