@@ -30,7 +30,7 @@ def _schema():
     try:
         from google.protobuf import json_format, text_format
         from tritonclient.grpc import model_config_pb2
-    except ImportError as e:
+    except (ImportError, RuntimeError) as e:  # tritonclient without its grpc extras raises RuntimeError
         raise HkError(f"triton: checking config.pbtxt needs tritonclient[grpc] and protobuf "
                       f"(pip install 'hkgpu-tune[triton]'): {e}") from None
     return model_config_pb2, json_format, text_format

@@ -39,12 +39,16 @@ class TritonPythonModel:
         params = {k: v.get("string_value", "") for k, v in cfg.get("parameters", {}).items()}
         self.kind = args.get("model_instance_kind", "")
         self.gpu = int(args.get("model_instance_device_id", "0") or 0)
+        self.mode = params.get("output_mode", "numpy")
+        if self.kind == "CPU" and params.get("gpus"):
+            # the KIND_CPU form: N instances, instance k drives GPU k (Triton names them MODEL_0_k)
+            self.gpu = int(args["model_instance_name"].rsplit("_", 1)[1]) % int(params["gpus"])
         cpus = params.get(f"cpus_gpu{self.gpu}", "")
         if cpus:
             _pin_all_threads(_cpulist(cpus))
         self.delay = float(params.get("delay_ms", "0") or 0) / 1000
         self.torch = None
-        if self.kind == "GPU":
+        if self.kind == "GPU" or params.get("gpus"):
             import torch  # after pinning: its thread pools start with this mask
             torch.set_num_threads(1)
             self.torch, self.device = torch, torch.device(f"cuda:{self.gpu}")
@@ -57,15 +61,22 @@ class TritonPythonModel:
         out = []
         for r in requests:
             x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
-            if self.torch is not None:
-                y = (self.torch.from_numpy(x).to(self.device) * 2).cpu().numpy().astype(np.float32)
-            else:  # a CPU instance (the rehearsal on a host without a GPU)
-                y = (x * 2).astype(np.float32)
             n = x.shape[0]
-            out.append(pb_utils.InferenceResponse([
-                pb_utils.Tensor("OUTPUT0", y),
-                pb_utils.Tensor("GPU", np.full((n, 1), self.gpu, dtype=np.int32)),
-                pb_utils.Tensor("PID", np.full((n, 1), self.pid, dtype=np.int32))]))
+            if self.torch is not None and self.mode == "dlpack":   # outputs stay on the GPU
+                t = self.torch
+                y = t.from_numpy(x).to(self.device) * 2
+                ids = t.tensor([[self.gpu, self.pid]] * n, dtype=t.int32, device=self.device)
+                tensors = [pb_utils.Tensor.from_dlpack(k, t.utils.dlpack.to_dlpack(v.contiguous()))
+                           for k, v in (("OUTPUT0", y), ("GPU", ids[:, :1]), ("PID", ids[:, 1:]))]
+            else:
+                if self.torch is not None:
+                    y = (self.torch.from_numpy(x).to(self.device) * 2).cpu().numpy()
+                else:  # a CPU instance (the rehearsal on a host without a GPU)
+                    y = x * 2
+                tensors = [pb_utils.Tensor("OUTPUT0", np.ascontiguousarray(y, dtype=np.float32)),
+                           pb_utils.Tensor("GPU", np.full((n, 1), self.gpu, dtype=np.int32)),
+                           pb_utils.Tensor("PID", np.full((n, 1), self.pid, dtype=np.int32))]
+            out.append(pb_utils.InferenceResponse(tensors))
         if self.delay:
             time.sleep(self.delay)  # keeps an instance busy so that concurrent requests reach the others
         return out
