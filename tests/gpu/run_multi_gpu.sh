@@ -116,7 +116,7 @@ if [ "$HAVE_TRITON" = 1 ]; then
   # the instance-group forms in order; the first whose instances all answer, pinned, is the result
   # (the others are tried only when one fails, and each failure is kept in the log and FAIL list)
   TRITON_OK=""
-  for V in gpu-numpy gpu-dlpack cpu-instances; do
+  for V in gpu-dlpack gpu-numpy cpu-instances; do
     step "Triton variant $V"
     python3 $H variant "$OUT" "$V"
     hk triton start --no-gate -p "$P"; rc=$?; check $rc "triton start ($V)"
@@ -132,7 +132,7 @@ if [ "$HAVE_TRITON" = 1 ]; then
     fi
     hk triton stop -p "$P"; check $? "triton stop ($V)"
     cp $L "$OUT/tritonserver-$V.log" 2>/dev/null; rm -f $L
-    live_procs | grep -E 'tritonserver|triton_python' && FAIL+=("Triton process left ($V)") || echo NO-TRITON-LEFT
+    live_procs | grep -E '[t]ritonserver|[t]riton_python' && FAIL+=("Triton process left ($V)") || echo NO-TRITON-LEFT
     if [ $rc -eq 0 ] && [ $irc -eq 0 ] && [ $grc -eq 0 ] && [ $vrc -eq 0 ]; then TRITON_OK=$V; break; fi
     echo "!!! Triton variant $V: start rc=$rc instances rc=${irc:-} gate rc=${grc:-} verify rc=${vrc:-}"
     NOTES+=("Triton variant $V failed: start rc=$rc instances rc=${irc:-} gate rc=${grc:-} verify rc=${vrc:-}")

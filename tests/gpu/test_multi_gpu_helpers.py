@@ -86,3 +86,10 @@ def test_profile_doc_reports_gpus_that_differ():
     gpus[1]["power_limit_w"] = 650.0
     _, differ = multi_gpu.profile_doc(gpus, {0: {"cpus": [0]}, 1: {"cpus": [1]}})
     assert differ == ["gpu1 power_limit_w"]
+
+
+def test_parse_topo_recorded_h200():
+    """The output recorded on the one-GPU H200 machine (ANSI underlined header, GPU NUMA ID N/A)."""
+    t = multi_gpu.parse_topo(topo_text("topo-m-h200.txt"))
+    assert t["gpus"] == {0: {"cpus": list(range(16)), "cpus_text": "0-15", "numa": 0, "gpu_numa_id": "N/A",
+                             "links": {"GPU0": "X"}}}
