@@ -136,29 +136,20 @@ class Engine:
             if not dry_run:
                 rep.results = self.verify()
             return rep
-        # originals first: merge with what an earlier apply saved (keep the oldest original)
         saved = self.state.load()
         known = {c.ident for c in saved}
-        for c in changes:
-            if c.ident not in known:
-                saved.append(Change(c.subsystem, c.target, c.key, c.current, c.desired, c.data))
-        self.state.save(saved)
         done: list[Change] = []
         refused: dict[tuple, str] = {}
         try:
-            for c in changes:
-                try:
-                    self.by_name[c.subsystem].apply(c)
-                except UnsupportedError as e:
-                    # the kernel or driver would not take it: keep the original, go on
-                    refused[c.ident] = str(e)
-                    try:
-                        self.by_name[c.subsystem].restore(c)
-                    except HkError:
-                        pass
-                    continue
-                c.applied = True
-                done.append(c)
+            self._write(changes, saved, known, done, refused)
+            # a write can bring new things to set: more channels bring more transmit queues,
+            # each with a qdisc. One more plan picks those up.
+            seen = {c.ident for c in changes}
+            more = [c for c in self.plan()[0] if c.ident not in seen]
+            if more:
+                changes += more
+                rep.changes = changes
+                self._write(more, saved, known, done, refused)
             for s in self.subs:
                 s.after_apply([c for c in done if c.subsystem == s.name])
         except HkError as e:
@@ -180,6 +171,26 @@ class Engine:
             if (r.subsystem, r.target, r.key) in refused and r.status == "drift":
                 r.status, r.reason = UNSUPPORTED, refused[(r.subsystem, r.target, r.key)]
         return rep
+
+    def _write(self, changes, saved, known, done, refused) -> None:
+        # originals first: merge with what an earlier apply saved (keep the oldest original)
+        for c in changes:
+            if c.ident not in known:
+                saved.append(Change(c.subsystem, c.target, c.key, c.current, c.desired, c.data))
+        self.state.save(saved)
+        for c in changes:
+            try:
+                self.by_name[c.subsystem].apply(c)
+            except UnsupportedError as e:
+                # the kernel or driver would not take it: keep the original, go on
+                refused[c.ident] = str(e)
+                try:
+                    self.by_name[c.subsystem].restore(c)
+                except HkError:
+                    pass
+                continue
+            c.applied = True
+            done.append(c)
 
     def _undo(self, changes: list[Change]) -> list[tuple[Change, str]]:
         errs = []

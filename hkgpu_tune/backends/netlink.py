@@ -72,6 +72,15 @@ def _release():
         _shared["ip"] = None
 
 
+def _real_tx_queues(name: str) -> int:
+    """Transmit queues in use (IFLA_NUM_TX_QUEUES counts those allocated; ethtool -L changes the
+    number in use, and only those carry a qdisc)."""
+    try:
+        return sum(1 for q in os.listdir(f"/sys/class/net/{name}/queues") if q.startswith("tx-"))
+    except OSError:
+        return 0
+
+
 class Net:
     """Links and routes."""
 
@@ -81,6 +90,10 @@ class Net:
 
     def close(self):
         _release()
+
+    def forget(self) -> None:
+        """Drop the cached link list (another subsystem changed a link, e.g. its channels)."""
+        self._links = None
 
     def links(self) -> list[dict]:
         """Cached until this process changes a link (three subsystems read the same list)."""
@@ -107,7 +120,8 @@ class Net:
             out.append({
                 "name": name, "index": msg["index"], "mac": (msg.get_attr("IFLA_ADDRESS") or "").lower(),
                 "mtu": msg.get_attr("IFLA_MTU"), "driver": driver or kind, "kind": kind, "pci": pci,
-                "state": msg.get_attr("IFLA_OPERSTATE"), "tx_queues": msg.get_attr("IFLA_NUM_TX_QUEUES") or 1,
+                "state": msg.get_attr("IFLA_OPERSTATE"),
+                "tx_queues": _real_tx_queues(name) or msg.get_attr("IFLA_NUM_TX_QUEUES") or 1,
                 "default_route": msg["index"] == default,
             })
         return out

@@ -53,6 +53,17 @@ class Plugin(Subsystem):
                                            data={**data, "parent": parent}))
         return res
 
+    def _queue(self, idx: int, parent: str, target: str) -> str:
+        """The queue's parent as the kernel names it now. The kernel's own mq has handle 0:, which
+        tc cannot address: it is replaced by mq 1: first (each queue then holds the default qdisc)."""
+        q = self.b.tc.qdiscs(idx)
+        if q["root"] == "mq" and q["root_handle"] == "0:0":
+            self.b.tc.replace_root(idx, "mq", target)
+            q = self.b.tc.qdiscs(idx)
+        if q["root"] != "mq":
+            raise ApplyError(f"{target}: qdisc on queue {parent}: the root is {q['root']}, not mq")
+        return f"{q['root_handle'].split(':')[0]}:{parent.split(':')[1]}"
+
     def write(self, target, key, value, data):
         idx, tc = data["index"], self.b.tc
         if key == "root":
@@ -67,17 +78,20 @@ class Plugin(Subsystem):
                 tc.replace_root(idx, value, target)
             want = "mq" if value.startswith("mq+") else value
         else:
-            tc.replace_child(idx, data["parent"], value, target)
+            parent = self._queue(idx, data["parent"], target)
+            tc.replace_child(idx, parent, value, target)
             want = value
         q = tc.qdiscs(idx)
-        got = q["root"] if key == "root" else q["children"].get(data["parent"])
+        got = q["root"] if key == "root" else q["children"].get(parent)
         if got != want:
             raise ApplyError(f"{target}: qdisc {key}: set {want}, the kernel shows {got}")
 
     def restore(self, change):
         idx, tc, orig = change.data["index"], self.b.tc, change.data["orig"]
         if change.key != "root":
-            tc.replace_child(idx, change.data["parent"], change.current, change.target)
+            if change.current:   # a queue that had no qdisc of its own keeps the default
+                tc.replace_child(idx, self._queue(idx, change.data["parent"], change.target), change.current,
+                                 change.target)
             return
         # back to the kernel's default, then the original where it was not the default
         tc.delete_root(idx, change.target)

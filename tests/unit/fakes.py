@@ -42,6 +42,9 @@ class FakeNet:
     def links(self):
         return copy.deepcopy(self._links)
 
+    def forget(self):
+        pass
+
     def _by(self, index):
         return next(ln for ln in self._links if ln["index"] == index)
 
@@ -127,6 +130,9 @@ class FakeTc:
     nq: dict = {}
 
     def replace_child(self, index, parent, kind, name=""):
+        if parent.startswith("0:"):   # as the kernel: a parent of handle 0: cannot be found
+            raise UnsupportedError(f"{name}: qdisc {kind} on queue {parent}: not supported by this kernel or "
+                                   "driver (No such file or directory)")
         self.q[index]["children"][parent] = kind
 
     def delete_root(self, index, name=""):

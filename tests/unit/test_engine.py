@@ -292,3 +292,43 @@ def test_write_the_driver_refuses_is_unsupported_and_the_rest_applies(tmp_path):
     r = by_key(rep.results)
     assert r[("ethtool", "ens1f0", "gro")].status == "unsupported"
     assert r[("link", "ens1f0", "mtu")].status == "ok"
+
+
+class QueuesFollowChannels(FakeEthtool):
+    """ethtool -L changes the transmit queues in use, as a multi-queue driver does."""
+    def __init__(self, devs, net, tc):
+        super().__init__(devs)
+        self.net, self.tc = net, tc
+
+    def set_channels(self, name, values):
+        super().set_channels(name, values)
+        n = values["combined"]
+        ln = next(x for x in self.net._links if x["name"] == name)
+        ln["tx_queues"] = n
+        q = self.tc.q[ln["index"]]
+        maj = q["root_handle"].split(":")[0]
+        for i in range(1, n + 1):   # queues coming into use hold the qdisc mq gave them at start
+            q["children"].setdefault(f"{maj}:{i}", "pfifo_fast")
+        self.tc.nq[ln["index"]] = n
+
+
+def test_new_queues_from_more_channels_get_the_qdisc_on_the_kernels_own_mq(tmp_path):
+    # found on the VM test node: virtio-net starts with 2 of 4 channels under the mq the kernel
+    # attached itself (handle 0:, which tc cannot address); channels go to 4, then all four queues
+    # must hold fq_codel, and rollback goes back to 2 channels
+    from .fakes import nic
+    b = host()
+    b.net._links[0]["tx_queues"] = 2
+    b.tc.q[2] = {"root": "mq", "root_handle": "0:0", "children": {"0:1": "pfifo_fast", "0:2": "pfifo_fast"}}
+    b.tc.nq = {2: 4}
+    dev = nic(combined=(2, 4))
+    b.ethtool = QueuesFollowChannels({"ens1f0": dev, "eno1": nic()}, b.net, b.tc)
+    eng = engine(tmp_path, b)
+    rep = eng.apply()
+    assert not rep.error and exit_code(rep.results) == 0, [(r.key, r.status, r.reason) for r in rep.results if r.failed]
+    q = b.tc.qdiscs(2)
+    assert q["root"] == "mq" and q["children"] == {f"1:{i}": "fq_codel" for i in range(1, 5)}
+    assert {c.key for c in rep.changes if c.subsystem == "qdisc"} == {f"queue {i}" for i in range(1, 5)}
+    changed, errs = eng.rollback()
+    assert not errs and b.ethtool.channels("ens1f0")["combined_count"] == 2
+    assert set(b.tc.qdiscs(2)["children"].values()) == {"pfifo_fast"}
