@@ -78,9 +78,22 @@ class Writer:
             self.record = []
         self.known = {r["path"] for r in self.record}
 
+    def _mkdirs(self, d: str) -> None:
+        """Make d and record each directory made, so rollback removes it again."""
+        missing = []
+        while d and not os.path.isdir(d):
+            missing.append(d)
+            d = os.path.dirname(d)
+        for m in reversed(missing):
+            os.mkdir(m)
+            if m not in self.known:
+                self.record.append({"path": m, "backup": None, "dir": True})
+                self.known.add(m)
+
     def write(self, rel_or_abs: str, text: str, mode=0o644) -> str:
         path = rel_or_abs if os.path.isabs(rel_or_abs) and rel_or_abs.startswith(self.root.rstrip("/") + "/") \
             else _p(self.root, rel_or_abs)
+        self._mkdirs(os.path.dirname(path))   # recorded before the file: removed after it
         if path not in self.known:
             backup = None
             if os.path.lexists(path):
@@ -89,7 +102,6 @@ class Writer:
                 shutil.copy2(path, backup)
             self.record.append({"path": path, "backup": backup})
             self.known.add(path)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         tmp = path + ".hkgpu-tmp"
         with open(tmp, "w") as f:
             f.write(text)
@@ -99,10 +111,10 @@ class Writer:
 
     def link(self, rel: str, target: str) -> str:
         path = _p(self.root, rel)
+        self._mkdirs(os.path.dirname(path))
         if path not in self.known:
             self.record.append({"path": path, "backup": None})
             self.known.add(path)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         if os.path.lexists(path):
             os.unlink(path)
         os.symlink(target, path)
@@ -227,7 +239,13 @@ def unpersist(state_dir: str) -> list[str]:
         raise HkError(f"{path}: cannot read: {e}") from None
     done = []
     for r in reversed(record):
-        if r["backup"]:
+        if r.get("dir"):
+            try:   # only when empty: something else may have put files there since
+                os.rmdir(r["path"])
+                done.append(f"removed {r['path']}/")
+            except OSError:
+                pass
+        elif r["backup"]:
             shutil.copy2(r["backup"], r["path"])
             os.unlink(r["backup"])
             done.append(f"restored {r['path']}")

@@ -32,3 +32,19 @@ def test_networkd_glob(tmp_path):
     f = write(tmp_path, "etc/systemd/network/10-data.network", "[Match]\nName=ens1f*\n[Network]\nDHCP=no\n")
     write(tmp_path, "etc/systemd/network/20-other.network", "[Match]\nName=eno*\n")
     assert mtu_owner(str(tmp_path), LINK) == ("systemd-networkd", f)
+
+
+def test_unpersist_removes_the_directories_it_made_and_keeps_the_rest(tmp_path):
+    from hkgpu_tune.persist import Writer, unpersist
+    root, state = tmp_path / "root", str(tmp_path / "state")
+    (root / "etc/systemd/network").mkdir(parents=True)
+    (root / "etc/sysctl.d").mkdir(parents=True)
+    (root / "etc/sysctl.d/10-site.conf").write_text("x=1\n")
+    w = Writer(str(root), state)
+    w.write("etc/systemd/network/20-data.network.d/60-hkgpu-tune.conf", "[Link]\nMTUBytes=9000\n")
+    w.write("etc/sysctl.d/60-hkgpu-tune.conf", "y=2\n")
+    w.link("etc/systemd/system/multi-user.target.wants/hkgpu-tune.service", "/x")
+    w.save()
+    unpersist(state)
+    left = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+    assert left == ["etc", "etc/sysctl.d", "etc/sysctl.d/10-site.conf", "etc/systemd", "etc/systemd/network"]
