@@ -140,27 +140,32 @@ class Engine:
         known = {c.ident for c in saved}
         done: list[Change] = []
         refused: dict[tuple, str] = {}
+        this_run: list[Change] = []
         try:
-            self._write(changes, saved, known, done, refused)
-            # a write can bring new things to set: more channels bring more transmit queues,
-            # each with a qdisc. One more plan picks those up.
-            seen = {c.ident for c in changes}
-            more = [c for c in self.plan()[0] if c.ident not in seen]
-            if more:
-                changes += more
-                rep.changes = changes
-                self._write(more, saved, known, done, refused)
+            for s in self.subs:
+                mine = [c for c in changes if c.subsystem == s.name]
+                if done:
+                    # earlier writes can change what this subsystem must do (more channels bring
+                    # more transmit queues, each with a qdisc): plan it again, now
+                    try:
+                        mine = s.plan()[0]
+                    except HkError:
+                        mine = []   # verify reports it
+                this_run += mine
+                self._write(mine, saved, done, refused)
+            rep.changes = this_run
             for s in self.subs:
                 s.after_apply([c for c in done if c.subsystem == s.name])
         except HkError as e:
+            rep.changes = this_run
             rep.error = str(e)
             errs = self._undo(done)
             rep.rolled_back = True
             if errs:
                 rep.error += "; rollback also failed: " + "; ".join(m for _, m in errs)
             # keep the originals of earlier applies and of what could not be restored
-            this_run = {c.ident for c in changes} - {c.ident for c, _ in errs}
-            keep = [c for c in saved if c.ident not in this_run or c.ident in known]
+            ours = {c.ident for c in this_run} - {c.ident for c, _ in errs}
+            keep = [c for c in saved if c.ident not in ours or c.ident in known]
             if keep:
                 self.state.save(keep)
             else:
@@ -172,12 +177,14 @@ class Engine:
                 r.status, r.reason = UNSUPPORTED, refused[(r.subsystem, r.target, r.key)]
         return rep
 
-    def _write(self, changes, saved, known, done, refused) -> None:
-        # originals first: merge with what an earlier apply saved (keep the oldest original)
+    def _write(self, changes, saved, done, refused) -> None:
+        # originals first: merge with what was saved before (keep the oldest original)
+        have = {c.ident for c in saved}
         for c in changes:
-            if c.ident not in known:
+            if c.ident not in have:
                 saved.append(Change(c.subsystem, c.target, c.key, c.current, c.desired, c.data))
-        self.state.save(saved)
+        if changes:
+            self.state.save(saved)
         for c in changes:
             try:
                 self.by_name[c.subsystem].apply(c)

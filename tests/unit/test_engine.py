@@ -305,10 +305,11 @@ class QueuesFollowChannels(FakeEthtool):
         n = values["combined"]
         ln = next(x for x in self.net._links if x["name"] == name)
         ln["tx_queues"] = n
-        q = self.tc.q[ln["index"]]
-        maj = q["root_handle"].split(":")[0]
-        for i in range(1, n + 1):   # queues coming into use hold the qdisc mq gave them at start
-            q["children"].setdefault(f"{maj}:{i}", "pfifo_fast")
+        q = self.tc.q.get(ln["index"])
+        if q and q["root"] == "mq":
+            maj = q["root_handle"].split(":")[0]
+            for i in range(1, n + 1):   # queues coming into use hold the qdisc mq gave them at start
+                q["children"].setdefault(f"{maj}:{i}", "pfifo_fast")
         self.tc.nq[ln["index"]] = n
 
 
@@ -332,3 +333,22 @@ def test_new_queues_from_more_channels_get_the_qdisc_on_the_kernels_own_mq(tmp_p
     changed, errs = eng.rollback()
     assert not errs and b.ethtool.channels("ens1f0")["combined_count"] == 2
     assert set(b.tc.qdiscs(2)["children"].values()) == {"pfifo_fast"}
+
+
+def test_a_single_queue_nic_that_gets_more_channels_gets_mq(tmp_path):
+    # planned before the channels change, the qdisc would be a single root fq_codel; planned
+    # after it (apply plans each subsystem again once an earlier one wrote), mq + fq_codel per queue
+    from .fakes import nic
+    b = host()
+    b.net._links[0]["tx_queues"] = 1
+    b.tc.q[2] = {"root": "pfifo_fast", "root_handle": "0:0", "children": {}}
+    b.ethtool = QueuesFollowChannels({"ens1f0": nic(combined=(1, 4)), "eno1": nic()}, b.net, b.tc)
+    b.tc.nq = {2: 1}
+    eng = engine(tmp_path, b)
+    assert ("qdisc", "ens1f0", "root") in {c.ident for c in eng.plan()[0]}
+    rep = eng.apply()
+    assert not rep.error and exit_code(rep.results) == 0, [(r.key, r.status, r.reason) for r in rep.results if r.failed]
+    q = b.tc.qdiscs(2)
+    assert q["root"] == "mq" and q["children"] == {f"1:{i}": "fq_codel" for i in range(1, 5)}
+    eng.rollback()
+    assert b.tc.qdiscs(2)["root"] != "mq" and b.ethtool.channels("ens1f0")["combined_count"] == 1
