@@ -140,6 +140,9 @@ def test_converge_reboot_verify(vm, node, stage):
     unit = vm.ssh("systemctl show -p ActiveState,Result hkgpu-tune.service hkgpu-tune-verify.service",
                   check=True).stdout
     assert unit.count("Result=success") == 2 and "ActiveState=failed" not in unit, unit
+    # what Prometheus scrapes after boot: the boot verify (after network-online) found no drift
+    prom = vm.ssh("cat /run/hkgpu-tune-verify.prom", check=True).stdout
+    assert "\nhkgpu_tune_failures 0\n" in prom and 'key="smp_affinity_list",status="ok"} 1' in prom, prom[-2000:]
     after = data_nic(vm)
     assert (after["mtu"], after["combined"], after["qdisc"], after["irq_cpus"].split()) == \
         ("9000", str(QUEUES), "mq", ["1"]), after
