@@ -140,11 +140,12 @@ class Engine:
         known = {c.ident for c in saved}
         done: list[Change] = []
         refused: dict[tuple, str] = {}
+        stuck: list[Change] = []   # refused, and the original could not be put back either
         this_run: list[Change] = []
         try:
             for s in self.subs:
                 mine = [c for c in changes if c.subsystem == s.name]
-                if done:
+                if done or refused:
                     # earlier writes can change what this subsystem must do (more channels bring
                     # more transmit queues, each with a qdisc): plan it again, now
                     try:
@@ -152,7 +153,7 @@ class Engine:
                     except HkError:
                         mine = []   # verify reports it
                 this_run += mine
-                self._write(mine, saved, done, refused)
+                self._write(mine, saved, done, refused, stuck)
             rep.changes = this_run
             for s in self.subs:
                 s.after_apply([c for c in done if c.subsystem == s.name])
@@ -164,7 +165,7 @@ class Engine:
             if errs:
                 rep.error += "; rollback also failed: " + "; ".join(m for _, m in errs)
             # keep the originals of earlier applies and of what could not be restored
-            ours = {c.ident for c in this_run} - {c.ident for c, _ in errs}
+            ours = {c.ident for c in this_run} - {c.ident for c, _ in errs} - {c.ident for c in stuck}
             keep = [c for c in saved if c.ident not in ours or c.ident in known]
             if keep:
                 self.state.save(keep)
@@ -177,7 +178,7 @@ class Engine:
                 r.status, r.reason = UNSUPPORTED, refused[(r.subsystem, r.target, r.key)]
         return rep
 
-    def _write(self, changes, saved, done, refused) -> None:
+    def _write(self, changes, saved, done, refused, stuck) -> None:
         # originals first: merge with what was saved before (keep the oldest original)
         have = {c.ident for c in saved}
         for c in changes:
@@ -194,7 +195,7 @@ class Engine:
                 try:
                     self.by_name[c.subsystem].restore(c)
                 except HkError:
-                    pass
+                    stuck.append(c)
                 continue
             c.applied = True
             done.append(c)

@@ -240,17 +240,21 @@ def unpersist(state_dir: str) -> list[str]:
     done = []
     for r in reversed(record):
         if r.get("dir"):
-            try:   # only when empty: something else may have put files there since
-                os.rmdir(r["path"])
-                done.append(f"removed {r['path']}/")
-            except OSError:
-                pass
-        elif r["backup"]:
+            continue
+        if r["backup"]:
             shutil.copy2(r["backup"], r["path"])
             os.unlink(r["backup"])
             done.append(f"restored {r['path']}")
         elif os.path.lexists(r["path"]):
             os.unlink(r["path"])
             done.append(f"removed {r['path']}")
+    # then the directories it made, deepest first, each only when empty (something else may have
+    # put files there since)
+    for d in sorted((r["path"] for r in record if r.get("dir")), key=lambda p: p.count("/"), reverse=True):
+        try:
+            os.rmdir(d)
+            done.append(f"removed {d}/")
+        except OSError:
+            pass
     os.unlink(path)
     return done

@@ -72,12 +72,16 @@ def _release():
         _shared["ip"] = None
 
 
-def _real_tx_queues(name: str) -> int:
+def _real_tx_queues(name: str, index: int) -> int:
     """Transmit queues in use (IFLA_NUM_TX_QUEUES counts those allocated; ethtool -L changes the
-    number in use, and only those carry a qdisc)."""
+    number in use, and only those carry a qdisc). 0 when /sys shows another namespace's device."""
+    base = f"/sys/class/net/{name}"
     try:
-        return sum(1 for q in os.listdir(f"/sys/class/net/{name}/queues") if q.startswith("tx-"))
-    except OSError:
+        with open(f"{base}/ifindex") as f:
+            if int(f.read()) != index:
+                return 0
+        return sum(1 for q in os.listdir(f"{base}/queues") if q.startswith("tx-"))
+    except (OSError, ValueError):
         return 0
 
 
@@ -121,7 +125,7 @@ class Net:
                 "name": name, "index": msg["index"], "mac": (msg.get_attr("IFLA_ADDRESS") or "").lower(),
                 "mtu": msg.get_attr("IFLA_MTU"), "driver": driver or kind, "kind": kind, "pci": pci,
                 "state": msg.get_attr("IFLA_OPERSTATE"),
-                "tx_queues": _real_tx_queues(name) or msg.get_attr("IFLA_NUM_TX_QUEUES") or 1,
+                "tx_queues": _real_tx_queues(name, msg["index"]) or msg.get_attr("IFLA_NUM_TX_QUEUES") or 1,
                 "default_route": msg["index"] == default,
             })
         return out

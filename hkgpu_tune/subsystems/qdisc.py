@@ -33,15 +33,19 @@ class Plugin(Subsystem):
                 res.append(self.result(name, "root", q["root"], kind, st, "" if st == OK else (why or "differs"),
                                        write=kind if st == DRIFT else None, data=data))
                 continue
-            # several transmit queues: mq at the root, the kind on each queue
-            root_ok = q["root"] == "mq"
+            # several transmit queues: mq at the root, the kind on each queue. The kernel's own mq
+            # (handle 0:) cannot be given a qdisc per queue (tc: ENOENT): it is replaced by mq 1:.
+            own = q["root"] == "mq" and q["root_handle"] == "0:0" and not in_place
+            root_ok = q["root"] == "mq" and not own
             st = OK if root_ok else (DRIFT if supported else UNSUPPORTED)
-            res.append(self.result(name, "root", q["root"], "mq", st,
-                                   "" if root_ok else (why or f"{ln['tx_queues']} transmit queues need mq at the root"),
+            cur_root = "mq 0: (the kernel's)" if own else q["root"]
+            reason = ("" if root_ok else why or ("the kernel's own mq takes no qdisc per queue: mq 1: replaces it"
+                                                  if own else f"{ln['tx_queues']} transmit queues need mq at the root"))
+            res.append(self.result(name, "root", cur_root, "mq", st, reason,
                                    write=f"mq+{kind}" if st == DRIFT else None, data=data))
             for i in range(1, ln["tx_queues"] + 1):
                 parent = f"{q['root_handle'].split(':')[0]}:{i:x}" if root_ok else f"queue {i}"
-                cur = q["children"].get(parent) if root_ok else None
+                cur = q["children"].get(parent if root_ok else f"0:{i:x}") if q["root"] == "mq" else None
                 if cur == kind:
                     res.append(self.result(name, f"queue {i}", cur, kind, OK))
                 elif not supported:
@@ -52,17 +56,6 @@ class Plugin(Subsystem):
                                            write=kind if root_ok else None,
                                            data={**data, "parent": parent}))
         return res
-
-    def _queue(self, idx: int, parent: str, target: str) -> str:
-        """The queue's parent as the kernel names it now. The kernel's own mq has handle 0:, which
-        tc cannot address: it is replaced by mq 1: first (each queue then holds the default qdisc)."""
-        q = self.b.tc.qdiscs(idx)
-        if q["root"] == "mq" and q["root_handle"] == "0:0":
-            self.b.tc.replace_root(idx, "mq", target)
-            q = self.b.tc.qdiscs(idx)
-        if q["root"] != "mq":
-            raise ApplyError(f"{target}: qdisc on queue {parent}: the root is {q['root']}, not mq")
-        return f"{q['root_handle'].split(':')[0]}:{parent.split(':')[1]}"
 
     def write(self, target, key, value, data):
         idx, tc = data["index"], self.b.tc
@@ -78,11 +71,10 @@ class Plugin(Subsystem):
                 tc.replace_root(idx, value, target)
             want = "mq" if value.startswith("mq+") else value
         else:
-            parent = self._queue(idx, data["parent"], target)
-            tc.replace_child(idx, parent, value, target)
+            tc.replace_child(idx, data["parent"], value, target)
             want = value
         q = tc.qdiscs(idx)
-        got = q["root"] if key == "root" else q["children"].get(parent)
+        got = q["root"] if key == "root" else q["children"].get(data["parent"])
         if got != want:
             raise ApplyError(f"{target}: qdisc {key}: set {want}, the kernel shows {got}")
 
@@ -90,8 +82,7 @@ class Plugin(Subsystem):
         idx, tc, orig = change.data["index"], self.b.tc, change.data["orig"]
         if change.key != "root":
             if change.current:   # a queue that had no qdisc of its own keeps the default
-                tc.replace_child(idx, self._queue(idx, change.data["parent"], change.target), change.current,
-                                 change.target)
+                tc.replace_child(idx, change.data["parent"], change.current, change.target)
             return
         # back to the kernel's default, then the original where it was not the default
         tc.delete_root(idx, change.target)
@@ -103,8 +94,15 @@ class Plugin(Subsystem):
                 tc.replace_root(idx, "mq", change.target)
                 now = tc.qdiscs(idx)
         if orig["root"] == "mq":
-            maj = now["root_handle"].split(":")[0] if now["root_handle"] else None
-            for parent, kind in orig["children"].items():
-                p = f"{maj}:{parent.split(':')[1]}"
-                if maj and now["children"].get(p) != kind:
-                    tc.replace_child(idx, p, kind, change.target)
+            # the queues as they were (by queue number: the handle may differ)
+            want = {p.split(":")[1]: k for p, k in orig["children"].items()}
+            have = {p.split(":")[1]: k for p, k in now["children"].items()} if now["root"] == "mq" else {}
+            if all(have.get(m) == k for m, k in want.items()):
+                return
+            if now["root"] != "mq" or now["root_handle"] == "0:0":   # the kernel's own: not addressable
+                tc.replace_root(idx, "mq", change.target)
+                now = tc.qdiscs(idx)
+            maj = now["root_handle"].split(":")[0]
+            for m, kind in want.items():
+                if now["children"].get(f"{maj}:{m}") != kind:
+                    tc.replace_child(idx, f"{maj}:{m}", kind, change.target)

@@ -39,16 +39,21 @@ class FakeNet:
         self.routes = routes or {}
         self.oif = oif or {}
 
-    def links(self):
-        return copy.deepcopy(self._links)
+    _cache = None
+
+    def links(self):   # cached like the real one, until forget() or a link change
+        if self._cache is None:
+            self._cache = copy.deepcopy(self._links)
+        return copy.deepcopy(self._cache)
 
     def forget(self):
-        pass
+        self._cache = None
 
     def _by(self, index):
         return next(ln for ln in self._links if ln["index"] == index)
 
     def set_mtu(self, index, mtu, name=""):
+        self._cache = None
         self._by(index)["mtu"] = int(mtu)
 
     def gateways(self, index):
@@ -135,8 +140,17 @@ class FakeTc:
                                    "driver (No such file or directory)")
         self.q[index]["children"][parent] = kind
 
+    default = staticmethod(lambda: "pfifo_fast")   # the kernel's default_qdisc at that moment
+
     def delete_root(self, index, name=""):
-        self.q.pop(index, None)
+        # as the kernel: a multi-queue device gets its own mq (handle 0:) back, each queue holding
+        # the default qdisc
+        n = self.nq.get(index, 1)
+        if n > 1:
+            self.q[index] = {"root": "mq", "root_handle": "0:0",
+                             "children": {f"0:{i}": self.default() for i in range(1, n + 1)}}
+        else:
+            self.q.pop(index, None)
 
 
 class FakeCmd:

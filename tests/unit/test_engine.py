@@ -329,10 +329,22 @@ def test_new_queues_from_more_channels_get_the_qdisc_on_the_kernels_own_mq(tmp_p
     assert not rep.error and exit_code(rep.results) == 0, [(r.key, r.status, r.reason) for r in rep.results if r.failed]
     q = b.tc.qdiscs(2)
     assert q["root"] == "mq" and q["children"] == {f"1:{i}": "fq_codel" for i in range(1, 5)}
-    assert {c.key for c in rep.changes if c.subsystem == "qdisc"} == {f"queue {i}" for i in range(1, 5)}
+    # one change: mq 1: replaces the kernel's mq, with fq_codel on every queue
+    assert [c.key for c in rep.changes if c.subsystem == "qdisc"] == ["root"]
+    b.tc.default = lambda: b.sysctl.values["net.core.default_qdisc"]
     changed, errs = eng.rollback()
     assert not errs and b.ethtool.channels("ens1f0")["combined_count"] == 2
+    # rolled back before default_qdisc (reverse order): the kernel's mq comes back with
+    # fq_codel, so the queues are set back to pfifo_fast explicitly
     assert set(b.tc.qdiscs(2)["children"].values()) == {"pfifo_fast"}
+    assert b.sysctl.values["net.core.default_qdisc"] == "pfifo_fast"
+
+
+def test_the_kernels_own_mq_already_in_place_is_left_alone(tmp_path):
+    b = host()
+    b.tc.q[2] = {"root": "mq", "root_handle": "0:0", "children": {f"0:{i}": "fq_codel" for i in range(1, 5)}}
+    r = by_key(engine(tmp_path, b, only=["qdisc"]).verify())
+    assert {k[2]: v.status for k, v in r.items()} == {"root": "ok", **{f"queue {i}": "ok" for i in range(1, 5)}}
 
 
 def test_a_single_queue_nic_that_gets_more_channels_gets_mq(tmp_path):

@@ -39,3 +39,10 @@ def test_mq_set_by_the_tool_and_other_parents():
 
 def test_no_root_qdisc_is_noqueue():
     assert tc_with([]).qdiscs(1) == {"root": "noqueue", "root_handle": None, "children": {}}
+
+
+def test_transmit_queues_in_use_come_from_this_namespaces_sysfs():
+    from hkgpu_tune.backends.netlink import _real_tx_queues
+    assert _real_tx_queues("lo", 1) == 1          # lo: ifindex 1, one queue (tx-0)
+    assert _real_tx_queues("lo", 7) == 0          # another namespace's "lo": not trusted
+    assert _real_tx_queues("no-such-link", 5) == 0

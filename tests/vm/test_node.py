@@ -88,7 +88,7 @@ echo "mtu=$(cat /sys/class/net/$n/mtu)"
 echo "numa=$(cat /sys/class/net/$n/device/../numa_node)"  # device is virtioN, its parent the PCI function
 echo "combined=$(ethtool -l $n | awk '/^Current/{{c=1}} c && /^Combined/{{print $2; exit}}')"
 echo "qdisc=$(tc qdisc show dev $n | head -1 | cut -d' ' -f2)"
-echo "children=$(tc qdisc show dev $n | awk '$0 ~ /parent/ {{print $2}}' | sort -u | tr '\\n' ' ')"
+echo "children=$(tc qdisc show dev $n | awk '$0 ~ /parent/ {{print $2}}' | tr '\\n' ' ')"
 dev=$(basename $(readlink -f /sys/class/net/$n/device))
 irqs=$(grep -E "$dev-(input|output)" /proc/interrupts | cut -d: -f1 | tr -d ' ')
 echo "irq_cpus=$(for i in $irqs; do cat /proc/irq/$i/smp_affinity_list; done | sort -u | tr '\\n' ' ')"
@@ -99,14 +99,15 @@ echo "irq_cpus=$(for i in $irqs; do cat /proc/irq/$i/smp_affinity_list; done | s
 
 def test_converge_reboot_verify(vm, node, stage):
     # the node as it boots: 2 of 4 channels (one per vCPU), MTU 1500, NIC interrupts spread by
-    # the driver, and a site that sets pfifo_fast (Debian's own default is fq_codel)
+    # the driver, and a site that sets pfifo_fast (Debian's own default is fq_codel): the kernel's
+    # own mq (handle 0:) with pfifo_fast on each queue
     vm.ssh("echo net.core.default_qdisc=pfifo_fast > /etc/sysctl.d/55-site-qdisc.conf && "
            "sysctl -qw net.core.default_qdisc=pfifo_fast && "
-           f"n=$(grep -il {DATA_MAC} /sys/class/net/*/address | cut -d/ -f5) && "
-           "tc qdisc replace dev $n root handle 1: mq && tc qdisc replace dev $n parent 1:1 pfifo_fast", check=True)
+           f"n=$(grep -il {DATA_MAC} /sys/class/net/*/address | cut -d/ -f5) && tc qdisc del dev $n root", check=True)
     before = data_nic(vm)
     assert before["numa"] == "1" and before["mtu"] == "1500", before
     assert before["combined"] == "2", before        # the kernel's default; max is QUEUES
+    assert before["qdisc"] == "mq" and before["children"].split() == ["pfifo_fast"] * 2, before
     assert before["irq_cpus"].split() != ["1"], before
 
     with stage("ansible-playbook site.yml (first converge, toolkit installed)"):
@@ -122,7 +123,7 @@ def test_converge_reboot_verify(vm, node, stage):
     now = data_nic(vm)
     assert (now["mtu"], now["combined"], now["qdisc"], now["irq_cpus"].split()) == \
         ("9000", str(QUEUES), "mq", ["1"]), now
-    assert now["children"].split() == ["fq_codel"], now
+    assert now["children"].split() == ["fq_codel"] * QUEUES, now
 
     with stage("ansible-playbook site.yml (re-run)"):
         p, recap = playbook(vm, node, "site.yml")
@@ -146,6 +147,7 @@ def test_converge_reboot_verify(vm, node, stage):
     after = data_nic(vm)
     assert (after["mtu"], after["combined"], after["qdisc"], after["irq_cpus"].split()) == \
         ("9000", str(QUEUES), "mq", ["1"]), after
+    assert after["children"].split() == ["fq_codel"] * QUEUES, after
     with stage("hkgpu-tune verify over SSH after the reboot"):
         rc, doc = verify(vm)
     assert rc == 0 and not not_ok(doc), not_ok(doc)
@@ -158,6 +160,11 @@ def test_rollback_survives_reboot(vm, node, stage):
     with stage("ansible-playbook rollback.yml"):
         p, recap = playbook(vm, node, "rollback.yml")
     assert p.returncode == 0 and recap.get("failed") == 0, p.stdout[-5000:]
+    # at once, before any reboot: the originals are back in the running kernel
+    now = data_nic(vm)
+    assert (now["mtu"], now["combined"], now["qdisc"], now["children"].split()) == \
+        ("1500", "2", "mq", ["pfifo_fast"] * 2), now
+    assert vm.ssh("sysctl -n net.core.default_qdisc", check=True).stdout.strip() == "pfifo_fast"
     with stage("reboot to SSH"):
         vm.reboot()
     now = data_nic(vm)
@@ -178,8 +185,11 @@ def test_probe_failure_keeps_the_old_mtu(vm, node, stage):
         assert vm.reachable()
         now = data_nic(vm)
         assert now["mtu"] == "1500", now
-        # nothing of the failed run stays: no persisted files, nothing left to roll back
-        left = vm.ssh("ls /etc/sysctl.d/60-hkgpu-tune.conf /etc/systemd/network/*.d 2>/dev/null; true").stdout
+        # nothing of the failed run stays: no persisted files, nothing left to roll back, the
+        # sysctls it had set are back
+        left = vm.ssh("ls /etc/sysctl.d/60-hkgpu-tune.conf /etc/systemd/network/*.d "
+                      "/var/lib/hkgpu-tune/state.json 2>/dev/null; true").stdout
         assert not left.strip(), left
+        assert vm.ssh("sysctl -n net.core.default_qdisc", check=True).stdout.strip() == "pfifo_fast"
     finally:
         vm.peer_mtu(9000)

@@ -65,15 +65,18 @@ def nsx(ns: str, *argv: str) -> None:
 def tap_fds(ns: str, name: str, queues: int) -> list[int]:
     """Open a multi-queue tap inside namespace ns (one fd per queue) for QEMU's fds=."""
     from pyroute2.netns import popns, pushns
+    fds = []
     pushns(ns)
     try:
-        fds = []
         for _ in range(queues):
-            fd = os.open("/dev/net/tun", os.O_RDWR)
-            fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH", name.encode(),
-                                                   IFF_TAP | IFF_NO_PI | IFF_VNET_HDR | IFF_MULTI_QUEUE))
-            fds.append(fd)
+            fds.append(os.open("/dev/net/tun", os.O_RDWR))
+            fcntl.ioctl(fds[-1], TUNSETIFF, struct.pack("16sH", name.encode(),
+                                                        IFF_TAP | IFF_NO_PI | IFF_VNET_HDR | IFF_MULTI_QUEUE))
         return fds
+    except OSError:
+        for fd in fds:
+            os.close(fd)
+        raise
     finally:
         popns()
 
@@ -90,6 +93,10 @@ class VM:
 
     # ------------------------------------------------------------------ the test's network
     def net_up(self) -> None:
+        # namespaces a killed earlier run left behind (only this test makes hkvm-* namespaces)
+        for ns in os.listdir("/run/netns") if os.path.isdir("/run/netns") else []:
+            if ns.startswith(("hkvm-sw-", "hkvm-peer-")):
+                subprocess.run(["ip", "netns", "del", ns], capture_output=True)
         sh("ip", "netns", "add", self.sw)
         sh("ip", "netns", "add", self.peer)
         nsx(self.sw, "ip", "link", "add", "br0", "mtu", "9000", "type", "bridge")
@@ -140,17 +147,18 @@ class VM:
                            "bus=br1,addr=0x1",
                 "-display", "none", "-serial", f"file:{self.log}", "-monitor", "none"]
         try:
-            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=open(os.path.join(self.work, "qemu.err"), "w"),
-                                         pass_fds=fds, start_new_session=True)
+            with open(os.path.join(self.work, "qemu.err"), "w") as err:
+                self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                             pass_fds=fds, start_new_session=True)
         finally:
             for fd in fds:
                 os.close(fd)
 
     def ssh_argv(self) -> list[str]:
         return ["ssh", "-i", self.key, "-p", str(self.port), "-o", "StrictHostKeyChecking=no",
-                "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=5",
-                "-o", "BatchMode=yes", "root@127.0.0.1"]
+                "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=10",
+                "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=6", "-o", "BatchMode=yes",
+                "root@127.0.0.1"]
 
     def ssh(self, cmd: str, timeout=300, check=False) -> subprocess.CompletedProcess:
         p = subprocess.run(self.ssh_argv() + [cmd], capture_output=True, text=True, timeout=timeout)
@@ -177,7 +185,7 @@ class VM:
             yaml.safe_dump({"all": {"hosts": {"hkvm": host}}}, f)
         return path
 
-    def wait_ssh(self, timeout=300) -> float:
+    def wait_ssh(self, timeout=600) -> float:
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
             if self.proc.poll() is not None:
@@ -194,35 +202,47 @@ class VM:
         """End the SSH control masters Ansible left (they would outlive a reboot)."""
         for f in os.listdir(self.work):
             if f.startswith("cm-"):
-                subprocess.run(["ssh", "-o", f"ControlPath={os.path.join(self.work, f)}", "-O", "exit", "hkvm"],
-                               capture_output=True, timeout=10)
+                try:
+                    subprocess.run(["ssh", "-o", f"ControlPath={os.path.join(self.work, f)}", "-O", "exit", "hkvm"],
+                                   capture_output=True, timeout=10)
+                except subprocess.TimeoutExpired:
+                    pass
 
     def reboot(self) -> float:
         self.close_masters()
         boot_id = self.ssh("cat /proc/sys/kernel/random/boot_id", check=True).stdout
         t0 = time.monotonic()
-        self.ssh("systemctl reboot", timeout=30)
-        while time.monotonic() - t0 < 120:  # until sshd is gone
-            if not self.reachable():
-                break
-            time.sleep(0.5)
-        self.wait_ssh()
-        assert self.ssh("cat /proc/sys/kernel/random/boot_id", check=True).stdout != boot_id, "did not reboot"
-        return time.monotonic() - t0
+        try:
+            self.ssh("systemctl reboot", timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+        while time.monotonic() - t0 < 900:  # until the new boot answers
+            if self.proc.poll() is not None:
+                raise AssertionError(f"qemu exited ({self.proc.returncode}); console in {self.log}")
+            try:
+                p = self.ssh("systemctl is-system-running --wait >/dev/null 2>&1; cat /proc/sys/kernel/random/boot_id",
+                             timeout=180)
+                if p.returncode == 0 and p.stdout and p.stdout != boot_id:
+                    return time.monotonic() - t0
+            except subprocess.TimeoutExpired:
+                pass
+            time.sleep(1)
+        raise AssertionError(f"no new boot within 900 s; console in {self.log}")
 
     def stop(self) -> None:
         """Power off (a clean shutdown), then remove the overlay and the namespaces."""
-        self.close_masters()
-        if self.proc and self.proc.poll() is None:
-            try:
-                self.ssh("systemctl poweroff", timeout=20)
-            except subprocess.TimeoutExpired:
-                pass
-            try:
-                self.proc.wait(timeout=90)
-            except subprocess.TimeoutExpired:
+        try:
+            self.close_masters()
+            if self.proc and self.proc.poll() is None:
+                try:
+                    self.ssh("systemctl poweroff", timeout=20)
+                    self.proc.wait(timeout=90)
+                except subprocess.TimeoutExpired:
+                    pass
+        finally:
+            if self.proc and self.proc.poll() is None:
                 self.proc.kill()
                 self.proc.wait()
-        self.net_down()
-        if getattr(self, "disk", None) and os.path.exists(self.disk):
-            os.unlink(self.disk)
+            self.net_down()
+            if getattr(self, "disk", None) and os.path.exists(self.disk):
+                os.unlink(self.disk)
