@@ -78,7 +78,9 @@ def run(argv=None) -> int:
         con = None  # rich is not needed for JSON: keep the command fast
     else:
         from rich.console import Console
-        con = Console(stderr=False, soft_wrap=False)
+        # into a log or the journal (no terminal): wide rows, so a key stays on one line for grep
+        wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+        con = Console(stderr=False, soft_wrap=False, width=200 if wide else None)
     from .errors import ProfileError
     from .profile import Profile
     try:
