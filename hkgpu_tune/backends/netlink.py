@@ -72,19 +72,6 @@ def _release():
         _shared["ip"] = None
 
 
-def _real_tx_queues(name: str, index: int) -> int:
-    """Transmit queues in use (IFLA_NUM_TX_QUEUES counts those allocated; ethtool -L changes the
-    number in use, and only those carry a qdisc). 0 when /sys shows another namespace's device."""
-    base = f"/sys/class/net/{name}"
-    try:
-        with open(f"{base}/ifindex") as f:
-            if int(f.read()) != index:
-                return 0
-        return sum(1 for q in os.listdir(f"{base}/queues") if q.startswith("tx-"))
-    except (OSError, ValueError):
-        return 0
-
-
 class Net:
     """Links and routes."""
 
@@ -94,10 +81,6 @@ class Net:
 
     def close(self):
         _release()
-
-    def forget(self) -> None:
-        """Drop the cached link list (another subsystem changed a link, e.g. its channels)."""
-        self._links = None
 
     def links(self) -> list[dict]:
         """Cached until this process changes a link (three subsystems read the same list)."""
@@ -124,11 +107,24 @@ class Net:
             out.append({
                 "name": name, "index": msg["index"], "mac": (msg.get_attr("IFLA_ADDRESS") or "").lower(),
                 "mtu": msg.get_attr("IFLA_MTU"), "driver": driver or kind, "kind": kind, "pci": pci,
-                "state": msg.get_attr("IFLA_OPERSTATE"),
-                "tx_queues": _real_tx_queues(name, msg["index"]) or msg.get_attr("IFLA_NUM_TX_QUEUES") or 1,
+                "state": msg.get_attr("IFLA_OPERSTATE"), "tx_queues": msg.get_attr("IFLA_NUM_TX_QUEUES") or 1,
                 "default_route": msg["index"] == default,
             })
         return out
+
+    @staticmethod
+    def tx_queues(link: dict) -> int:
+        """Transmit queues in use, read now: ethtool -L changes them, and only those carry a qdisc
+        (IFLA_NUM_TX_QUEUES counts those allocated, the fallback where /sys shows another
+        namespace's device)."""
+        base = f"/sys/class/net/{link['name']}"
+        try:
+            with open(f"{base}/ifindex") as f:
+                if int(f.read()) == link["index"]:
+                    return sum(1 for q in os.listdir(f"{base}/queues") if q.startswith("tx-")) or 1
+        except (OSError, ValueError):
+            pass
+        return link["tx_queues"]
 
     def default_oif(self) -> int | None:
         for r in self.ip.get_default_routes(family=socket.AF_INET):

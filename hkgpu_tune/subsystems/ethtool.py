@@ -125,7 +125,6 @@ class Plugin(Subsystem):
         part, field = data["part"], data["field"]
         if part == "channels":
             self.b.ethtool.set_channels(target, {field: value})
-            self.b.net.forget()   # the number of queues in use changed
             got = self.b.ethtool.channels(target)[f"{field}_count"]
         elif part == "rings":
             self.b.ethtool.set_rings(target, {field: value})

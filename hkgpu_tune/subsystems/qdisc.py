@@ -11,9 +11,11 @@ class Plugin(Subsystem):
     name = "qdisc"
 
     def read(self) -> dict:
-        links = self.b.net.links()
-        return {"links": links,
-                "qdiscs": {ln["name"]: self.b.tc.qdiscs(ln["index"]) for ln in matched(self.profile, links, ("qdisc",))}}
+        links, qdiscs = self.b.net.links(), {}
+        for ln in matched(self.profile, links, ("qdisc",)):
+            ln["tx_queues"] = self.b.net.tx_queues(ln)   # in use now (the link list is cached)
+            qdiscs[ln["name"]] = self.b.tc.qdiscs(ln["index"])
+        return {"links": links, "qdiscs": qdiscs}
 
     def facts(self) -> dict:
         return self.read()["qdiscs"]
@@ -43,9 +45,10 @@ class Plugin(Subsystem):
                                                   if own else f"{ln['tx_queues']} transmit queues need mq at the root"))
             res.append(self.result(name, "root", cur_root, "mq", st, reason,
                                    write=f"mq+{kind}" if st == DRIFT else None, data=data))
+            maj = q["root_handle"].split(":")[0] if q["root"] == "mq" else None
             for i in range(1, ln["tx_queues"] + 1):
-                parent = f"{q['root_handle'].split(':')[0]}:{i:x}" if root_ok else f"queue {i}"
-                cur = q["children"].get(parent if root_ok else f"0:{i:x}") if q["root"] == "mq" else None
+                cur = q["children"].get(f"{maj}:{i:x}") if maj is not None else None
+                parent = f"{maj}:{i:x}" if root_ok else f"queue {i}"
                 if cur == kind:
                     res.append(self.result(name, f"queue {i}", cur, kind, OK))
                 elif not supported:

@@ -41,13 +41,13 @@ class FakeNet:
 
     _cache = None
 
-    def links(self):   # cached like the real one, until forget() or a link change
+    def links(self):   # cached like the real one, until a link change
         if self._cache is None:
             self._cache = copy.deepcopy(self._links)
         return copy.deepcopy(self._cache)
 
-    def forget(self):
-        self._cache = None
+    def tx_queues(self, link):   # read now, like the real one (not from the cached list)
+        return self._by(link["index"])["tx_queues"]
 
     def _by(self, index):
         return next(ln for ln in self._links if ln["index"] == index)

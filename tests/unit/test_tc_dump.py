@@ -42,7 +42,9 @@ def test_no_root_qdisc_is_noqueue():
 
 
 def test_transmit_queues_in_use_come_from_this_namespaces_sysfs():
-    from hkgpu_tune.backends.netlink import _real_tx_queues
-    assert _real_tx_queues("lo", 1) == 1          # lo: ifindex 1, one queue (tx-0)
-    assert _real_tx_queues("lo", 7) == 0          # another namespace's "lo": not trusted
-    assert _real_tx_queues("no-such-link", 5) == 0
+    from hkgpu_tune.backends.netlink import Net
+    lo = {"name": "lo", "index": 1, "tx_queues": 9}   # lo: ifindex 1, one queue (tx-0)
+    assert Net.tx_queues(lo) == 1
+    # another namespace's "lo" (ifindex differs), or no such device: the allocated count
+    assert Net.tx_queues({**lo, "index": 7}) == 9
+    assert Net.tx_queues({**lo, "name": "no-such-link"}) == 9
