@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 
 import pytest
@@ -10,25 +9,17 @@ import pytest
 sys.path.insert(0, os.path.dirname(__file__))
 import simrack  # noqa: E402
 
+from tests.helpers import env_tools_on_path, missing_tool  # noqa: E402
+
 REPO = simrack.REPO
-# the tools of this interpreter's environment (ansible-playbook, ansible-lint) even when its
-# bin/ is not on PATH (CI runs `$VENV/bin/python -m pytest`)
-os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+env_tools_on_path()
 HOSTS = int(os.environ.get("HKRACK_HOSTS", "4"))
-
-
-def rack_missing() -> str:
-    if os.geteuid() != 0:
-        return "needs root (network namespaces, sshd)"
-    for tool in ("/usr/sbin/sshd", "ssh", "ssh-keygen", "ip", "ethtool", "ansible-playbook"):
-        if not shutil.which(tool):
-            return f"{tool} is not installed (scripts/apt-packages.txt, pip install -e .[test])"
-    return ""
 
 
 @pytest.fixture(scope="module")
 def rack(tmp_path_factory):
-    why = rack_missing()
+    # root: the tests are marked root (tests/conftest.py skips them otherwise)
+    why = missing_tool(("/usr/sbin/sshd", "ssh", "ssh-keygen", "ip", "ethtool", "ansible-playbook"))
     if why:
         pytest.skip(why)
     run = str(tmp_path_factory.mktemp("hkrack"))

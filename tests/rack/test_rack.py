@@ -16,6 +16,7 @@ import simrack
 from simrack import REPO, snapshot
 
 from hkgpu_tune.rack import run_playbook
+from tests.helpers import run_testinfra
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
 SETTINGS_PER_HOST = 16   # 7 sysctls, mtu, channels rx+tx, gro/gso/tso, qdisc root + 2 queues
@@ -71,10 +72,7 @@ def test_second_run_changes_nothing(rack):
 
 
 def test_testinfra_passes_on_every_host(rack):
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", REPO,
-                        os.path.join(REPO, "tests", "infra"), "--hosts=ansible://all",
-                        f"--ansible-inventory={rack['inventory']}"],
-                       capture_output=True, text=True, cwd=REPO, timeout=300)
+    r = run_testinfra(rack["inventory"], timeout=300)
     expected = SETTINGS_PER_HOST * len(rack["hosts"])
     assert r.returncode == 0 and f"{expected} passed" in r.stdout, r.stdout[-3000:]
 

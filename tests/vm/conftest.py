@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import sys
 import time
 
 import pytest
 
+from ..helpers import env_tools_on_path, missing_tool
 from .vm import HERE, VM, image_dir
 
 CACHE = os.environ.get("HKGPU_VM_DIR", "/var/cache/hkgpu-tune/vm")
@@ -39,23 +38,15 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f"{s:8.1f} s  {name}")
 
 
-def vm_missing() -> str:
-    if os.geteuid() != 0:
-        return "needs root (network namespaces, a tap device)"
-    for tool in ("qemu-system-x86_64", "qemu-img", "debootstrap", "mkfs.ext4", "ssh", "ip"):
-        if not shutil.which(tool):
-            return f"{tool} is not installed (scripts/apt-packages.txt lists it)"
-    if not os.path.exists("/dev/net/tun"):
-        return "/dev/net/tun is missing (the data NIC is a tap)"
-    return ""
-
-
 @pytest.fixture(scope="module")
 def vm(tmp_path_factory):
-    why = vm_missing()
+    # root: the tests are marked root (tests/conftest.py skips them otherwise)
+    why = missing_tool(("qemu-system-x86_64", "qemu-img", "debootstrap", "mkfs.ext4", "ssh", "ip"))
+    if not why and not os.path.exists("/dev/net/tun"):
+        why = "/dev/net/tun is missing (the data NIC is a tap)"
     if why:
         pytest.skip(why)
-    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    env_tools_on_path()
     img = image_dir(CACHE)
     with Stage("image (build, or the cached one)"):
         b = subprocess.run([os.path.join(HERE, "build.sh"), img], capture_output=True, text=True, timeout=1200)

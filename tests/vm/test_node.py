@@ -11,12 +11,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 import yaml
 
+from hkgpu_tune.rack import run_playbook
+
+from ..helpers import run_testinfra
 from .vm import DATA_MAC, PEER_ADDR, QUEUES, REPO
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -41,23 +42,14 @@ def node_vars(vm, wheels: str) -> dict:
 
 @pytest.fixture(scope="module")
 def node(vm, tmp_path_factory):
-    d = tmp_path_factory.mktemp("ansible")
-    extra = d / "vars.yml"
-    extra.write_text(yaml.safe_dump(node_vars(vm, str(tmp_path_factory.mktemp("wheels")))))
-    return {"inventory": vm.inventory(str(d / "hosts.yml")), "extra": str(extra)}
+    inv = vm.inventory(str(tmp_path_factory.mktemp("ansible") / "hosts.yml"))
+    return {"inventory": inv, "extra": node_vars(vm, str(tmp_path_factory.mktemp("wheels")))}
 
 
-def playbook(vm, node, name: str) -> tuple[subprocess.CompletedProcess, dict]:
-    env = dict(os.environ, ANSIBLE_CONFIG=os.path.join(REPO, "ansible.cfg"),
-               ANSIBLE_ROLES_PATH=os.path.join(REPO, "roles"), ANSIBLE_FORCE_COLOR="0",
-               ANSIBLE_SSH_ARGS=f"-o ControlMaster=auto -o ControlPersist=120s "
-                                f"-o ControlPath={vm.work}/cm-%C -o PreferredAuthentications=publickey")
-    p = subprocess.run(["ansible-playbook", "-i", node["inventory"], "-e", f"@{node['extra']}",
-                        os.path.join(REPO, "playbooks", name)],
-                       capture_output=True, text=True, cwd=REPO, env=env, timeout=1200)
-    m = re.search(r"^hkvm\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", p.stdout, re.M)
-    recap = dict(zip(("ok", "changed", "unreachable", "failed"), map(int, m.groups()))) if m else {}
-    return p, recap
+def playbook(node, action: str):
+    """site.yml (apply) or rollback.yml through ansible-playbook; the run and this host's result."""
+    run = run_playbook(action, node["inventory"], extravars=node["extra"])
+    return run, run.hosts["hkvm"]
 
 
 def verify(vm) -> tuple[int, dict]:
@@ -70,12 +62,6 @@ def not_ok(doc: dict) -> list[str]:
     return [f"{r['subsystem']} {r['target']} {r['key']}: {r['status']} {r['current']!r} -> {r['desired']!r} "
             f"{r.get('reason', '')}" for r in doc["results"] if r["status"] != "ok"]
 
-
-def run_testinfra(vm, node) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", REPO,
-                           os.path.join(REPO, "tests", "infra"), "--hosts=ansible://all",
-                           f"--ansible-inventory={node['inventory']}"],
-                          capture_output=True, text=True, cwd=REPO, timeout=600)
 
 
 def data_nic(vm) -> dict:
@@ -113,8 +99,8 @@ def test_converge_reboot_verify(vm, node, stage):
     assert before["irq_cpus"].split() != ["1"], before
 
     with stage("ansible-playbook site.yml (first converge, toolkit installed)"):
-        p, recap = playbook(vm, node, "site.yml")
-    assert p.returncode == 0 and recap.get("failed") == 0 and recap.get("changed", 0) > 0, p.stdout[-5000:]
+        run, h = playbook(node, "apply")
+    assert run.rc == 0 and not h.is_failed and h.changed > 0, run.to_dict()
 
     with stage("hkgpu-tune verify over SSH"):
         rc, doc = verify(vm)
@@ -128,11 +114,11 @@ def test_converge_reboot_verify(vm, node, stage):
     assert now["children"].split() == ["fq_codel"] * QUEUES, now
 
     with stage("ansible-playbook site.yml (re-run)"):
-        p, recap = playbook(vm, node, "site.yml")
-    assert p.returncode == 0 and recap.get("changed") == 0, p.stdout[-5000:]
+        run, h = playbook(node, "apply")
+    assert run.rc == 0 and not h.is_failed and h.changed == 0, run.to_dict()
 
     with stage("testinfra before the reboot"):
-        t = run_testinfra(vm, node)
+        t = run_testinfra(node["inventory"])
     assert t.returncode == 0 and f"{len(doc['results'])} passed" in t.stdout, t.stdout[-3000:]
 
     with stage("reboot to SSH"):
@@ -155,14 +141,14 @@ def test_converge_reboot_verify(vm, node, stage):
         rc, doc = verify(vm)
     assert rc == 0 and not not_ok(doc), not_ok(doc)
     with stage("testinfra after the reboot"):
-        t = run_testinfra(vm, node)
+        t = run_testinfra(node["inventory"])
     assert t.returncode == 0 and f"{len(doc['results'])} passed" in t.stdout, t.stdout[-3000:]
 
 
 def test_rollback_survives_reboot(vm, node, stage):
     with stage("ansible-playbook rollback.yml"):
-        p, recap = playbook(vm, node, "rollback.yml")
-    assert p.returncode == 0 and recap.get("failed") == 0, p.stdout[-5000:]
+        run, h = playbook(node, "rollback")
+    assert run.rc == 0 and not h.is_failed, run.to_dict()
     # at once, before any reboot: the originals are back in the running kernel (each queue's
     # qdisc under an mq of the tool's, 1:, which still lists the queues no longer in use)
     now = data_nic(vm)
@@ -183,9 +169,9 @@ def test_probe_failure_keeps_the_old_mtu(vm, node, stage):
     vm.peer_mtu(1500)   # the fabric now passes only 1500-byte frames to the peer
     try:
         with stage("ansible-playbook site.yml (probe fails)"):
-            p, recap = playbook(vm, node, "site.yml")
-        assert p.returncode != 0 and recap.get("failed") == 1, p.stdout[-5000:]
-        assert PEER_ADDR in p.stdout, p.stdout[-5000:]      # the failure names the peer
+            run, h = playbook(node, "apply")
+        assert run.rc != 0 and h.failed == 1, run.to_dict()
+        assert PEER_ADDR in h.msg, run.to_dict()      # the failure names the peer
         assert vm.reachable()
         now = data_nic(vm)
         assert now["mtu"] == "1500", now

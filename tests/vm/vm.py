@@ -177,7 +177,10 @@ class VM:
         import yaml
         host = {"ansible_host": "127.0.0.1", "ansible_port": self.port, "ansible_user": "root",
                 "ansible_ssh_private_key_file": self.key, "ansible_python_interpreter": "/usr/bin/python3",
-                # testinfra: no control master (it would outlive a reboot)
+                # Ansible: its control masters in the work dir (close_masters ends them before a
+                # reboot); testinfra: none at all
+                "ansible_ssh_args": f"-o ControlMaster=auto -o ControlPersist=120s -o ControlPath={self.work}/cm-%C "
+                                    "-o PreferredAuthentications=publickey",
                 "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
                                            "-o ControlMaster=no",
                 **hostvars}

@@ -1,0 +1,31 @@
+"""Shared by the suites that drive real tools over SSH (tests/rack, tests/vm)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def env_tools_on_path() -> None:
+    """The tools of this interpreter's environment (ansible-playbook, ...) even when its bin/ is not
+    on PATH (CI runs `$VENV/bin/python -m pytest`)."""
+    os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+
+
+def missing_tool(tools) -> str:
+    """Why the suite cannot run ("" when every tool is there)."""
+    for tool in tools:
+        if not shutil.which(tool):
+            return f"{tool} is not installed (scripts/apt-packages.txt, pip install -e .[test])"
+    return ""
+
+
+def run_testinfra(inventory: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """tests/infra against every host of an Ansible inventory (one test per setting per host)."""
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir", REPO,
+                           os.path.join(REPO, "tests", "infra"), "--hosts=ansible://all",
+                           f"--ansible-inventory={inventory}"],
+                          capture_output=True, text=True, cwd=REPO, timeout=timeout)
