@@ -259,6 +259,14 @@ def _load_state(t) -> dict | None:
         return None
 
 
+def _start_ticks(pid: int) -> int:
+    """When a process started, in clock ticks since boot (proc(5) /proc/PID/stat field 22).
+    psutil's create_time() adds the wall-clock boot time, which moves when the clock is stepped
+    or slewed across a second boundary; this does not (psutil's own process identity uses it)."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return int(f.read().rsplit(b")", 1)[1].split()[19])
+
+
 def _alive(st: dict | None) -> bool:
     if not st:
         return False
@@ -266,9 +274,11 @@ def _alive(st: dict | None) -> bool:
     try:
         p = psutil.Process(st["pid"])
         # the same process we started (a recycled pid has another start time or program)
-        return (abs(p.create_time() - st["create_time"]) < 1 and p.status() != psutil.STATUS_ZOMBIE
+        same = (_start_ticks(p.pid) == st["start_ticks"] if "start_ticks" in st
+                else abs(p.create_time() - st["create_time"]) < 1)  # a state file from an earlier release
+        return (same and p.status() != psutil.STATUS_ZOMBIE
                 and os.path.basename((p.cmdline() or [""])[0]) == os.path.basename(st["argv"][0]))
-    except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError):
+    except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError, OSError):
         return False
 
 
@@ -355,8 +365,7 @@ def start(t, backends=None, place: dict | None = None) -> dict:
             os.sched_setaffinity(proc.pid, cpus)
         except OSError:
             pass
-    import psutil
-    st = {"pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time(), "argv": argv, "log": log,
+    st = {"pid": proc.pid, "start_ticks": _start_ticks(proc.pid), "argv": argv, "log": log,
           "started": time.time(), "placement": place, "launch": t.launch}
     with open(_state_path(t) + ".tmp", "w") as f:
         json.dump(st, f)
@@ -396,8 +405,9 @@ def wait_ready(t, backends=None, timeout: float | None = None) -> float:
                 return time.monotonic() - t0
             st = status(t, backends)
             if not st["active"] and supervisor(t, backends) == "process":
-                _reap(t)
-                raise HkError(f"triton: the server exited before it was ready ({st['reason']}):\n{log_tail(t)}")
+                how = _reap(t)
+                raise HkError(f"triton: the server exited before it was ready ({st['reason']}{how}):\n"
+                              f"{log_tail(t) or '(the log is empty)'}")
             if not st["active"]:
                 raise HkError(f"triton: {st['target']} stopped before it was ready "
                               f"(journalctl -u {st['target']} says why)")
@@ -410,10 +420,14 @@ def wait_ready(t, backends=None, timeout: float | None = None) -> float:
         c.close()
 
 
-def _reap(t) -> None:
+def _reap(t) -> str:
+    """Reap our child once it has exited; returns how it ended (', exit code N'), or ''."""
     st = _load_state(t)
-    if st and st["pid"] in _CHILDREN and _CHILDREN[st["pid"]].poll() is not None:
-        del _CHILDREN[st["pid"]]
+    rc = _CHILDREN[st["pid"]].poll() if st and st["pid"] in _CHILDREN else None
+    if rc is None:
+        return ""
+    del _CHILDREN[st["pid"]]
+    return f", killed by signal {-rc}" if rc < 0 else f", exit code {rc}"
 
 
 def _group_members(pgid: int) -> list[int]:

@@ -3,6 +3,7 @@ ready, warm-up, dynamic batching seen in Triton's own metrics, the latency gate,
 from __future__ import annotations
 
 import json
+import re
 import socket
 import struct
 import subprocess
@@ -153,6 +154,22 @@ def test_port_in_use_is_a_clear_error(server, tmp_path):
     assert ours(tmp_path) == []
 
 
+def test_a_clock_step_does_not_lose_the_server(server, monkeypatch):
+    """The wall-clock boot time moves when NTP steps or slews the clock (by a second when it sits on
+    a second boundary): the server is still the one we started; a recycled pid is not."""
+    t = server["t"]
+    assert launch.status(t)["active"]
+    real = psutil._psplatform.boot_time
+    for shift in (1.0, -1.0, -300.0):
+        monkeypatch.setattr(psutil._psplatform, "boot_time", lambda s=shift: real() + s)
+        assert launch.status(t)["active"], f"a boot time moved by {shift} s lost the server"
+    monkeypatch.setattr(psutil._psplatform, "boot_time", real)
+    # the same pid started at another moment is another process
+    state = launch._load_state(t)
+    monkeypatch.setattr(launch, "_load_state", lambda _t: state | {"start_ticks": state["start_ticks"] + 1})
+    assert not launch.status(t)["active"]
+
+
 def test_stop_leaves_no_process(server):
     t, root = server["t"], server["root"]
     assert ours(root), "the server and its stub run before the stop"
@@ -177,6 +194,7 @@ def test_a_model_that_fails_to_load_gives_the_server_log(tmp_path):
         with pytest.raises(HkError) as e:
             launch.wait_ready(t, timeout=60)
         assert str(e.value).startswith("triton: the server exited before it was ready")
+        assert re.search(r"is gone \(see [^)]+\), exit code [1-9]\d*\)", str(e.value)), str(e.value)
         assert "SyntaxError" in str(e.value) or "failed to load" in str(e.value)
     finally:
         launch.stop(t)
