@@ -209,6 +209,12 @@ def _node_of(cpus, nodes) -> list[int]:
 
 
 # ------------------------------------------------------------------ GPU placement (for the Triton issue)
+def sysfs_pci(bus_id: str) -> str:
+    """NVML's PCI bus id (8-digit domain) as sysfs names the device (4-digit domain, lower case)."""
+    pci = bus_id.lower()
+    return pci[4:] if len(pci) == 16 else pci
+
+
 def service_placement(backends, gpu_index: int) -> dict:
     """CPUs and NUMA memory node for a service that drives GPU `gpu_index`.
 
@@ -222,8 +228,7 @@ def service_placement(backends, gpu_index: int) -> dict:
         g = backends.nvml.gpu(gpu_index, ("pci_bus_id", "cpu_affinity", "numa_node"))
     except UnsupportedError as e:
         return {"cpus": allc, "mems": [], "numa_node": None, "source": f"all CPUs: {e}"}
-    pci = (g.get("pci_bus_id") or "").lower()
-    pci = pci[4:] if len(pci) == 16 else pci   # NVML's 8-digit domain -> sysfs's 4
+    pci = sysfs_pci(g.get("pci_bus_id") or "")
     dev = pci_device(fs, pci) if pci else {"numa_node": None, "local_cpus": []}
     node = g.get("numa_node") if g.get("numa_node") is not None and g["numa_node"] >= 0 else dev["numa_node"]
     cpus = [c for c in (g.get("cpu_affinity") or dev["local_cpus"]) if not allc or c in allc]

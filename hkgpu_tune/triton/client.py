@@ -74,7 +74,8 @@ class Client:
         return json.loads(body)
 
     def infer(self, model: str, inputs: list[tuple[str, str, list[int], bytes]], outputs=()) -> dict:
-        """inputs: (name, datatype without TYPE_, shape with batch, raw bytes). Returns the JSON header."""
+        """inputs: (name, datatype without TYPE_, shape with batch, raw bytes). Returns the JSON header;
+        each output asked for in `outputs` comes back binary, its bytes under "raw"."""
         header = {"inputs": [{"name": n, "datatype": dt, "shape": shape,
                               "parameters": {"binary_data_size": len(raw)}} for n, dt, shape, raw in inputs]}
         if outputs:
@@ -86,7 +87,12 @@ class Client:
         if status != 200:
             raise HkError(f"triton: infer {model} answered {status}: {data[:300].decode(errors='replace')}")
         n = int(hdrs.get("Inference-Header-Content-Length", len(data)))
-        return json.loads(data[:n])
+        head = json.loads(data[:n])
+        for o in head.get("outputs", []):
+            size = o.get("parameters", {}).get("binary_data_size")
+            if size is not None:
+                o["raw"], n = data[n:n + size], n + size
+        return head
 
 
 def tensor_bytes(data_type: str, shape: list[int]) -> bytes:

@@ -17,7 +17,6 @@ import os
 import re
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 
@@ -92,9 +91,32 @@ def parse_topo(text: str) -> dict:
     return out
 
 
+def compare(pl: dict, tp: dict | None, nodes: dict[int, list[int]], allc: list[int]) -> tuple[str, str]:
+    """The library's placement of one GPU against its `nvidia-smi topo -m` row: ("MATCH", note) or
+    ("MISMATCH", why). topo's CPU affinity is NVML's; the placement narrows it to the GPU's node."""
+    if tp is None:
+        return "MISMATCH", "GPU missing from nvidia-smi topo -m"
+    want_cpus = tp["cpus"] if tp["cpus"] is not None else allc
+    if tp["numa"] is not None and nodes.get(tp["numa"]):
+        want_cpus = sorted(set(want_cpus) & set(nodes[tp["numa"]])) or want_cpus
+    why, note = [], ""
+    if sorted(pl["cpus"]) != sorted(want_cpus):
+        why.append(f"cpus {format_cpulist(pl['cpus'])} != {format_cpulist(want_cpus)}")
+    if pl["numa_node"] != tp["numa"]:
+        # topo derives "NUMA Affinity" from the CPU affinity; the library takes the GPU's own node (NVML,
+        # else sysfs numa_node) and binds no memory when the firmware reports none. On a host with a
+        # single node both mean "node 0, where all memory is": equivalent.
+        if pl["numa_node"] is None and list(nodes) == [tp["numa"]]:
+            note = (f"equivalent: the library reports no NUMA node (firmware gives the GPU none), "
+                    f"topo derives node {tp['numa']} from the CPU affinity; the host has only that node")
+        else:
+            why.append(f"numa {pl['numa_node']} != {tp['numa']}")
+    return ("MISMATCH", "; ".join(why)) if why else ("MATCH", note)
+
+
 def topo(out: str) -> int:
     from hkgpu_tune.backends.procfs import SysFs
-    from hkgpu_tune.subsystems.affinity import numa_nodes, online_cpus, pci_device, service_placement
+    from hkgpu_tune.subsystems.affinity import numa_nodes, online_cpus, pci_device, service_placement, sysfs_pci
     r = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True)
     if r.returncode != 0 or "CPU Affinity" not in r.stdout:
         print(f"nvidia-smi topo -m failed (exit {r.returncode}): {(r.stderr or r.stdout).strip()[:500]}")
@@ -113,30 +135,9 @@ def topo(out: str) -> int:
         for i in range(n):
             pl = service_placement(b, i)
             g = b.nvml.gpu(i, ("pci_bus_id", "cpu_affinity", "numa_node", "nvlink_peers"))
-            pci = g["pci_bus_id"].lower()
-            dev = pci_device(fs, pci[4:] if len(pci) == 16 else pci)
+            dev = pci_device(fs, sysfs_pci(g["pci_bus_id"]))
             tp = t["gpus"].get(i)
-            if tp is None:
-                verdict, why = "MISMATCH", "GPU missing from nvidia-smi topo -m"
-            else:
-                # topo's CPU affinity is the GPU's NVML affinity; the placement narrows it to the GPU's node
-                want_cpus = tp["cpus"] if tp["cpus"] is not None else allc
-                if tp["numa"] is not None and nodes.get(tp["numa"]):
-                    want_cpus = sorted(set(want_cpus) & set(nodes[tp["numa"]])) or want_cpus
-                why = []
-                if sorted(pl["cpus"]) != sorted(want_cpus):
-                    why.append(f"cpus {format_cpulist(pl['cpus'])} != {format_cpulist(want_cpus)}")
-                note = ""
-                if pl["numa_node"] != tp["numa"]:
-                    # topo derives "NUMA Affinity" from the CPU affinity; the library takes the GPU's own node
-                    # (NVML, else sysfs numa_node) and binds no memory when the firmware reports none. On a
-                    # host with a single node both mean "node 0, where all memory is": equivalent.
-                    if pl["numa_node"] is None and list(nodes) == [tp["numa"]]:
-                        note = (f"equivalent: the library reports no NUMA node (firmware gives the GPU none), "
-                                f"topo derives node {tp['numa']} from the CPU affinity; the host has only that node")
-                    else:
-                        why.append(f"numa {pl['numa_node']} != {tp['numa']}")
-                verdict, why = ("MATCH", note) if not why else ("MISMATCH", "; ".join(why))
+            verdict, why = compare(pl, tp, nodes, allc)
             bad += verdict != "MATCH"
             links = tp["links"] if tp else {}
             nv = sorted({v for k, v in links.items() if v.startswith("NV")})
@@ -197,7 +198,7 @@ def profile_doc(gpus: list[dict], place: dict[int, dict], ports=(8000, 8001, 800
                if {k: (g.get("app_clocks_mhz") or {}).get(k) for k in ("sm", "mem")}
                != {k: ac.get(k) for k in ("sm", "mem")}]
     http, grpc, metrics = ports
-    params = {f"cpus_gpu{i}": {"string_value": format_cpulist(p["cpus"])} for i, p in sorted(place.items())}
+    params = {f"cpus_gpu{i}": {"string_value": ",".join(map(str, p["cpus"]))} for i, p in sorted(place.items())}
     params["delay_ms"] = {"string_value": "20"}
     doc = {
         "name": f"multi-gpu-host-{n}",
@@ -302,14 +303,12 @@ def mps_clients(out: str) -> int:
     except Exception as e:  # noqa: BLE001 - recorded, the run goes on to release the clients
         seen["error"] = str(e)
         rc = 1
-    smi = subprocess.run(["nvidia-smi", "--query-compute-apps=gpu_bus_id,pid,process_name,used_memory",
-                          "--format=csv,noheader"], capture_output=True, text=True).stdout
+    smi = _smi("--query-compute-apps=gpu_bus_id,pid,process_name,used_memory")
     masks = {}
     for i, p in procs.items():
         try:
-            masks[i] = sorted({open(f"/proc/{p.pid}/task/{t}/status").read().split("Cpus_allowed_list:")[1]
-                               .split()[0] for t in os.listdir(f"/proc/{p.pid}/task")})
-        except (OSError, IndexError):
+            masks[i] = _mask(p.pid)
+        except OSError:
             masks[i] = ["?"]
     for i, p in procs.items():
         try:
@@ -375,12 +374,11 @@ def triton(out: str, name: str = "") -> int:
             for j in range(count):
                 x = np.full((1, 4), float(k * 1000 + j), dtype=np.float32)
                 try:
-                    hdr, raw = _infer(c, x)
+                    y, gpu, pid = _infer(c, x)
                 except Exception as e:  # noqa: BLE001
                     with lock:
                         errors.append(str(e))
                     continue
-                y, gpu, pid = raw
                 with lock:
                     if not np.allclose(y, 2 * x):
                         wrong.append((k, j))
@@ -452,49 +450,23 @@ def triton(out: str, name: str = "") -> int:
 
 
 def _infer(c, x):
-    """One request (binary tensors) -> (header, (OUTPUT0, GPU, PID))."""
+    """One request -> (OUTPUT0, GPU, PID), from the binary outputs (a size that does not fit the
+    shape, as an empty GPU output once was, fails the reshape)."""
     import numpy as np
-    raw_in = x.tobytes()
-    hb = json.dumps({"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": list(x.shape),
-                                 "parameters": {"binary_data_size": len(raw_in)}}],
-                     "outputs": [{"name": o, "parameters": {"binary_data": True}}
-                                 for o in ("OUTPUT0", "GPU", "PID")]}).encode()
-    status, hdrs, data = c.request("POST", f"/v2/models/{MODEL}/infer", hb + raw_in, {
-        "Inference-Header-Content-Length": str(len(hb)), "Content-Type": "application/octet-stream"})
-    if status != 200:
-        raise RuntimeError(f"infer answered {status}: {data[:300]!r}")
-    n = int(hdrs.get("Inference-Header-Content-Length", len(data)))
-    hdr = json.loads(data[:n])
-    pos, vals = n, {}
-    for o in hdr["outputs"]:
-        size = o.get("parameters", {}).get("binary_data_size", 0)
-        if size != 4 * int(np.prod(o["shape"])):
-            raise RuntimeError(f"output {o['name']} shape {o['shape']} came with {size} bytes: {hdr}")
-        dt = {"FP32": np.float32, "INT32": np.int32}[o["datatype"]]
-        vals[o["name"]] = np.frombuffer(data[pos:pos + size], dtype=dt).reshape(o["shape"])
-        pos += size
-    return hdr, (vals["OUTPUT0"], vals["GPU"].ravel()[0], vals["PID"].ravel()[0])
+    h = c.infer(MODEL, [("INPUT0", "FP32", list(x.shape), x.tobytes())], outputs=("OUTPUT0", "GPU", "PID"))
+    v = {o["name"]: np.frombuffer(o["raw"], dtype={"FP32": np.float32, "INT32": np.int32}[o["datatype"]])
+         .reshape(o["shape"]) for o in h["outputs"]}
+    return v["OUTPUT0"], v["GPU"].ravel()[0], v["PID"].ravel()[0]
 
 
 # ------------------------------------------------------------------ fixture: facts + tree
 def record(out: str) -> int:
     """facts of gpu/mps/affinity (the h200.json layout) and, for the unit tests' replay, the same
     host in the layout of dgx-h100-8gpu.json ({"source", "gpu", "tree": {"files", "links"}})."""
-    from hkgpu_tune.backends import Backends
-    from hkgpu_tune.backends.procfs import SysFs
-    from hkgpu_tune.backends.sysfs_record import RecordingSysFs, pack
-    from hkgpu_tune.engine import Engine
-    from hkgpu_tune.profile import load_profile
-    prof = load_profile(f"{out}/profile-host.yaml")
-    rec = RecordingSysFs(SysFs("/"))
-    eng = Engine(prof, only=["gpu", "mps", "affinity"], backends=Backends(sysfs=rec))
-    facts = eng.facts()
-    eng.verify()
+    from tests.gpu.record_h200 import record as record_tree
+    facts, tree, count = record_tree(f"{out}/profile-host.yaml", f"{out}/multi-gpu-tree.tar.gz")
     n = len(facts["gpu"].get("gpus", []))
-    tree = tempfile.mkdtemp()
-    count = rec.dump(tree)
-    pack(tree, f"{out}/multi-gpu-tree.tar.gz")
-    files, links = {}, {}
+    files, links = {}, {}   # the tree as tests/gpu_unit/conftest.materialize takes it
     for d, dirs, fnames in os.walk(tree):
         for name in dirs + fnames:
             p = os.path.join(d, name)
@@ -503,12 +475,11 @@ def record(out: str) -> int:
                 links[rel] = os.readlink(p)
             elif os.path.isfile(p):
                 files[rel] = open(p, errors="replace").read()
-    kind = {1: "nvidia-h200", 2: "nvidia-h200-x2", 4: "nvidia-h200-x4", 8: "nvidia-h200-x8"}.get(n, f"{n} GPUs")
     with open(f"{out}/multi-gpu-facts.json", "w") as f:
         json.dump(facts, f, indent=1, default=str)
     with open(f"{out}/multi-gpu-fixture.json", "w") as f:
-        json.dump({"source": f"recorded by tests/gpu/run_multi_gpu.sh on the device tool's {kind} machine, "
-                             f"{time.strftime('%Y-%m-%d', time.gmtime())} ({n} GPUs)",
+        json.dump({"source": f"recorded by tests/gpu/run_multi_gpu.sh on the device tool's {n}-GPU machine, "
+                             f"{time.strftime('%Y-%m-%d', time.gmtime())}",
                    "gpu": facts["gpu"], "tree": {"files": files, "links": links}}, f, indent=1, default=str)
     print(f"recorded {count} paths; {n} GPUs; wrote multi-gpu-facts.json, multi-gpu-fixture.json, multi-gpu-tree.tar.gz")
     return 0

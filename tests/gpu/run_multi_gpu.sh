@@ -148,7 +148,7 @@ python3 $H settings /tmp/hkgpu-settings-after.csv
 cp /tmp/hkgpu-settings-after.csv "$OUT/settings-after.csv"
 if diff /tmp/hkgpu-settings-before.csv /tmp/hkgpu-settings-after.csv; then echo SETTINGS-UNCHANGED
 else FAIL+=("GPU settings changed"); echo SETTINGS-CHANGED; fi
-cleanup
+cleanup; trap - EXIT
 live_procs | grep -iE '[n]vidia-cuda-mps|[t]ritonserver|[t]riton_python' || echo NO-MPS-OR-TRITON-LEFT
 printf 'NOTE: %s\n' "${NOTES[@]}"
 echo "total ${SECONDS}s"

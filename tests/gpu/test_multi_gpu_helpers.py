@@ -1,7 +1,6 @@
 """The pieces of tests/gpu/run_multi_gpu.sh that need no GPU: the `nvidia-smi topo -m` parser, the
 comparison it feeds, and the generated host profile (gpu, mps and a Triton instance group over N GPUs)
 checked by the library's own profile parser and Triton's schema."""
-import importlib.util
 import json
 import os
 
@@ -58,26 +57,33 @@ def test_replayed_dgx_placement_matches_its_topo(tmp_path):
         assert pl["cpus"] == t["gpus"][i]["cpus"] and pl["numa_node"] == t["gpus"][i]["numa"], (i, pl)
 
 
-@pytest.mark.parametrize("n", [1, 8])
-def test_profile_doc_parses_and_spreads_instances(n, tmp_path):
+def _doc(n):
     dgx = load("dgx-h100-8gpu.json")
     gpus = dgx["gpu"]["gpus"][:n]
     place = {i: {"cpus": g["cpu_affinity"], "numa_node": g["numa_node"]} for i, g in enumerate(gpus)}
-    doc, differ = multi_gpu.profile_doc(gpus, place, (18000, 18001, 18002))
+    return multi_gpu.profile_doc(gpus, place, (18000, 18001, 18002))
+
+
+@pytest.mark.parametrize("n", [1, 8])
+def test_profile_doc_parses(n, tmp_path):
+    doc, differ = _doc(n)
     assert differ == []
-    if importlib.util.find_spec("tritonclient") is None:
-        doc.pop("triton")   # the Triton schema check needs tritonclient
+    doc.pop("triton")   # checked below, with Triton's schema
     prof = parse_profile_text(yaml.safe_dump(doc), str(tmp_path / "p.yaml"))
     g = prof.section("gpu")
     assert (g.persistence, g.compute_mode, g.power_limit_w) == (True, "default", 700)
     assert g.application_clocks.sm == 1980
     assert prof.section("mps").default_pinned_mem_limit == tuple((i, "16G") for i in range(n))
-    if "triton" in doc:
-        m = prof.section("triton").models[0]
-        assert m.config["instance_group"] == [{"count": 1, "kind": "KIND_GPU", "gpus": list(range(n))}]
-        params = m.config["parameters"]
-        assert params[f"cpus_gpu{n - 1}"]["string_value"] == ("52-103" if n == 8 else "0-51")
-        assert prof.section("triton").gpu is None
+
+
+@pytest.mark.parametrize("n", [1, 8])
+def test_profile_doc_spreads_triton_instances(n, tmp_path):
+    pytest.importorskip("tritonclient.grpc.model_config_pb2", reason="Triton's schema check needs tritonclient[grpc]")
+    doc, _ = _doc(n)
+    m = parse_profile_text(yaml.safe_dump(doc), str(tmp_path / "p.yaml")).section("triton").models[0]
+    assert m.config["instance_group"] == [{"count": 1, "kind": "KIND_GPU", "gpus": list(range(n))}]
+    want = range(52, 104) if n == 8 else range(52)
+    assert m.config["parameters"][f"cpus_gpu{n - 1}"]["string_value"] == ",".join(map(str, want))
 
 
 def test_profile_doc_reports_gpus_that_differ():
@@ -93,3 +99,22 @@ def test_parse_topo_recorded_h200():
     t = multi_gpu.parse_topo(topo_text("topo-m-h200.txt"))
     assert t["gpus"] == {0: {"cpus": list(range(16)), "cpus_text": "0-15", "numa": 0, "gpu_numa_id": "N/A",
                              "links": {"GPU0": "X"}}}
+
+
+NODES = {0: list(range(0, 52)), 1: list(range(52, 104))}
+ALL = list(range(104))
+
+
+@pytest.mark.parametrize("pl, tp, nodes, verdict, why", [
+    ({"cpus": list(range(52, 104)), "numa_node": 1}, {"cpus": ALL, "numa": 1}, NODES, "MATCH", ""),
+    ({"cpus": list(range(52)), "numa_node": 0}, {"cpus": list(range(52, 104)), "numa": 1}, NODES,
+     "MISMATCH", "cpus 0-51 != 52-103; numa 0 != 1"),
+    ({"cpus": list(range(52)), "numa_node": None}, {"cpus": list(range(52)), "numa": 0}, NODES,
+     "MISMATCH", "numa None != 0"),   # two nodes: no node is not "node 0"
+    ({"cpus": list(range(16)), "numa_node": None}, {"cpus": list(range(16)), "numa": 0}, {0: list(range(16))},
+     "MATCH", "equivalent: "),        # one node: all memory is on node 0
+    ({"cpus": [0], "numa_node": 0}, None, NODES, "MISMATCH", "GPU missing from nvidia-smi topo -m"),
+])
+def test_compare_placement_with_topo(pl, tp, nodes, verdict, why):
+    got = multi_gpu.compare(pl, tp, nodes, ALL)
+    assert got[0] == verdict and got[1].startswith(why) and (why or got[1] == ""), got

@@ -167,3 +167,19 @@ def test_relative_paths_resolve_against_the_profile(tmp_path):
     t = load_profile(str(f)).section("triton")
     assert t.models[0].model_file == str(tmp_path / "m" / "model.py")
     assert t.model_repository == str(tmp_path / "repo")
+
+
+def test_tritonclient_without_grpc_extras_is_a_clear_error(tmp_path):
+    """tritonclient installed without [grpc] raises RuntimeError on import, not ImportError."""
+    fake = tmp_path / "tritonclient" / "grpc"
+    fake.mkdir(parents=True)
+    (tmp_path / "tritonclient" / "__init__.py").write_text("")
+    (fake / "__init__.py").write_text('raise RuntimeError("The installation does not include grpc support.")\n')
+    code = ("from hkgpu_tune.errors import HkError\nfrom hkgpu_tune.triton import render\n"
+            "try:\n    render._schema()\nexcept HkError as e:\n    print(e)\n")
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ, PYTHONPATH=f"{tmp_path}{os.pathsep}{repo}"))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("triton: checking config.pbtxt needs tritonclient[grpc] and protobuf") \
+        and "does not include grpc support" in r.stdout, r.stdout

@@ -80,6 +80,8 @@ def test_inference_is_correct(server):
     out = c.infer("doubler", [("INPUT0", "FP32", [1, 4], raw)])
     assert out["outputs"][0]["name"] == "OUTPUT0"
     assert out["outputs"][0]["data"] == [2.0, 4.0, 7.0, -8.0]
+    out = c.infer("doubler", [("INPUT0", "FP32", [1, 4], raw)], outputs=("OUTPUT0",))
+    assert struct.unpack("<4f", out["outputs"][0]["raw"]) == (2.0, 4.0, 7.0, -8.0)
 
 
 def test_dynamic_batching_merges_concurrent_requests(server):

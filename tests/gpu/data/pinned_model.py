@@ -1,7 +1,7 @@
 """Triton Python-backend model for the multi-GPU run: one instance per GPU (instance_group KIND_GPU,
 gpus [0..N-1]), each instance pinned to its GPU's local CPUs.
 
-The CPU lists come from the model config's parameters `cpus_gpu<N>`, which tests/gpu/multi_gpu.py
+The CPU lists (plain comma lists) come from the model config's parameters `cpus_gpu<N>`, which tests/gpu/multi_gpu.py
 fills in from hkgpu_tune.subsystems.affinity.service_placement() (the library's placement). Every
 thread of the stub process is pinned in initialize(), before torch starts its own threads.
 
@@ -14,15 +14,6 @@ import time
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
-
-
-def _cpulist(s):
-    out = set()
-    for part in s.split(","):
-        if part.strip():
-            a, _, b = part.partition("-")
-            out.update(range(int(a), int(b or a) + 1))
-    return out
 
 
 def _pin_all_threads(cpus):
@@ -44,15 +35,13 @@ class TritonPythonModel:
             # the KIND_CPU form: N instances, instance k drives GPU k (Triton names them MODEL_0_k)
             self.gpu = int(args["model_instance_name"].rsplit("_", 1)[1]) % int(params["gpus"])
         cpus = params.get(f"cpus_gpu{self.gpu}", "")
-        if cpus:
-            _pin_all_threads(_cpulist(cpus))
+        if cpus:   # a plain comma list
+            _pin_all_threads({int(c) for c in cpus.split(",")})
         self.delay = float(params.get("delay_ms", "0") or 0) / 1000
-        self.torch = None
-        if self.kind == "GPU" or params.get("gpus"):
-            import torch  # after pinning: its thread pools start with this mask
-            torch.set_num_threads(1)
-            self.torch, self.device = torch, torch.device(f"cuda:{self.gpu}")
-            torch.ones(1, device=self.device)  # the CUDA context now, not at the first request
+        import torch  # after pinning: its thread pools start with this mask
+        torch.set_num_threads(1)
+        self.torch, self.device = torch, torch.device(f"cuda:{self.gpu}")
+        torch.ones(1, device=self.device)  # the CUDA context now, not at the first request
         self.pid = os.getpid()
         pb_utils.Logger.log_info(f"instance {args.get('model_instance_name')} kind {self.kind} gpu {self.gpu} "
                                  f"pid {self.pid} cpus {cpus or 'all'} -> {sorted(os.sched_getaffinity(0))[:4]}...")
@@ -62,17 +51,14 @@ class TritonPythonModel:
         for r in requests:
             x = pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()
             n = x.shape[0]
-            if self.torch is not None and self.mode == "dlpack":   # outputs stay on the GPU
+            if self.mode == "dlpack":   # outputs stay on the GPU
                 t = self.torch
                 y = t.from_numpy(x).to(self.device) * 2
                 ids = t.tensor([[self.gpu, self.pid]] * n, dtype=t.int32, device=self.device)
                 tensors = [pb_utils.Tensor.from_dlpack(k, t.utils.dlpack.to_dlpack(v.contiguous()))
                            for k, v in (("OUTPUT0", y), ("GPU", ids[:, :1]), ("PID", ids[:, 1:]))]
             else:
-                if self.torch is not None:
-                    y = (self.torch.from_numpy(x).to(self.device) * 2).cpu().numpy()
-                else:  # a CPU instance (the rehearsal on a host without a GPU)
-                    y = x * 2
+                y = (self.torch.from_numpy(x).to(self.device) * 2).cpu().numpy()
                 tensors = [pb_utils.Tensor("OUTPUT0", np.ascontiguousarray(y, dtype=np.float32)),
                            pb_utils.Tensor("GPU", np.full((n, 1), self.gpu, dtype=np.int32)),
                            pb_utils.Tensor("PID", np.full((n, 1), self.pid, dtype=np.int32))]
