@@ -274,9 +274,7 @@ def _alive(st: dict | None) -> bool:
     try:
         p = psutil.Process(st["pid"])
         # the same process we started (a recycled pid has another start time or program)
-        same = (_start_ticks(p.pid) == st["start_ticks"] if "start_ticks" in st
-                else abs(p.create_time() - st["create_time"]) < 1)  # a state file from an earlier release
-        return (same and p.status() != psutil.STATUS_ZOMBIE
+        return (_start_ticks(p.pid) == st["start_ticks"] and p.status() != psutil.STATUS_ZOMBIE
                 and os.path.basename((p.cmdline() or [""])[0]) == os.path.basename(st["argv"][0]))
     except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError, OSError):
         return False

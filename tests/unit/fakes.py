@@ -118,6 +118,7 @@ class FakeTc:
     def __init__(self, qdiscs, supported=("fq_codel", "pfifo_fast", "mq")):
         self.q = qdiscs  # index -> {"root":..., "root_handle":..., "children": {...}}
         self.sup = set(supported)
+        self.nq: dict = {}   # index -> transmit queues a new mq gets (the device's allocated queues)
 
     def qdiscs(self, index):
         return copy.deepcopy(self.q.get(index, {"root": "noqueue", "root_handle": None, "children": {}}))
@@ -129,10 +130,8 @@ class FakeTc:
         if kind not in self.sup:
             raise UnsupportedError(f"{name}: qdisc {kind}: not supported")
         self.q[index] = {"root": kind, "root_handle": "1:0" if kind == "mq" else "8001:0",
-                         "children": {f"1:{i}": "pfifo_fast" for i in range(1, self.nq.get(index, 1) + 1)}
+                         "children": {f"1:{i}": self.default() for i in range(1, self.nq.get(index, 1) + 1)}
                          if kind == "mq" else {}}
-
-    nq: dict = {}
 
     def replace_child(self, index, parent, kind, name=""):
         if parent.startswith("0:"):   # as the kernel: a parent of handle 0: cannot be found

@@ -334,9 +334,9 @@ def test_new_queues_from_more_channels_get_the_qdisc_on_the_kernels_own_mq(tmp_p
     b.tc.default = lambda: b.sysctl.values["net.core.default_qdisc"]
     changed, errs = eng.rollback()
     assert not errs and b.ethtool.channels("ens1f0")["combined_count"] == 2
-    # rolled back before default_qdisc (reverse order): the kernel's mq comes back with
-    # fq_codel, so the queues are set back to pfifo_fast explicitly
-    assert set(b.tc.qdiscs(2)["children"].values()) == {"pfifo_fast"}
+    # rolled back before default_qdisc (reverse order): the kernel's mq comes back with fq_codel
+    # on each queue, so mq 1: replaces it and each queue is set back to pfifo_fast explicitly
+    assert b.tc.qdiscs(2)["children"] == {f"1:{i}": "pfifo_fast" for i in range(1, 5)}
     assert b.sysctl.values["net.core.default_qdisc"] == "pfifo_fast"
 
 
@@ -362,5 +362,25 @@ def test_a_single_queue_nic_that_gets_more_channels_gets_mq(tmp_path):
     assert not rep.error and exit_code(rep.results) == 0, [(r.key, r.status, r.reason) for r in rep.results if r.failed]
     q = b.tc.qdiscs(2)
     assert q["root"] == "mq" and q["children"] == {f"1:{i}": "fq_codel" for i in range(1, 5)}
-    eng.rollback()
-    assert b.tc.qdiscs(2)["root"] != "mq" and b.ethtool.channels("ens1f0")["combined_count"] == 1
+    _, errs = eng.rollback()
+    assert not errs and b.tc.qdiscs(2)["root"] == "pfifo_fast" and b.ethtool.channels("ens1f0")["combined_count"] == 1
+
+
+def test_a_refused_write_that_cannot_be_put_back_keeps_its_original(tmp_path):
+    # the driver refuses gro, and refuses to put the original back too; a later failure rolls the
+    # run back: the state keeps only gro's original, for a later rollback to try again
+    from hkgpu_tune.engine import State
+    from hkgpu_tune.errors import ApplyError, UnsupportedError
+    b = host()
+
+    def refuse(name, short, on):
+        raise UnsupportedError(f"{name}: {short}: Operation not supported")
+
+    def busy(index, parent, kind, name=""):
+        raise ApplyError(f"{name}: qdisc {kind} on {parent}: Device or resource busy")
+
+    b.ethtool.set_feature, b.tc.replace_child = refuse, busy
+    rep = engine(tmp_path, b).apply()
+    assert rep.rolled_back and "Device or resource busy" in rep.error
+    assert [c.ident for c in State(str(tmp_path / "state")).load()] == [("ethtool", "ens1f0", "gro")]
+    assert b.sysctl.values["net.core.rmem_max"] == "212992" and b.net.links()[0]["mtu"] == 1500

@@ -48,3 +48,18 @@ def test_unpersist_removes_the_directories_it_made_and_keeps_the_rest(tmp_path):
     unpersist(state)
     left = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
     assert left == ["etc", "etc/sysctl.d", "etc/sysctl.d/10-site.conf", "etc/systemd", "etc/systemd/network"]
+
+
+def test_a_directory_it_made_that_now_holds_another_file_stays(tmp_path):
+    from hkgpu_tune.persist import Writer, unpersist
+    root, state = tmp_path / "root", str(tmp_path / "state")
+    root.mkdir()
+    w = Writer(str(root), state)
+    w.link("etc/systemd/system/multi-user.target.wants/hkgpu-tune.service", "/x")
+    w.save()
+    (root / "etc/systemd/system/multi-user.target.wants/other.service").write_text("")
+    done = unpersist(state)
+    left = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+    assert left == ["etc", "etc/systemd", "etc/systemd/system", "etc/systemd/system/multi-user.target.wants",
+                    "etc/systemd/system/multi-user.target.wants/other.service"]
+    assert any(d.endswith("hkgpu-tune.service") for d in done)
