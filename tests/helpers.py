@@ -15,6 +15,13 @@ def env_tools_on_path() -> None:
     os.environ["PATH"] = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
 
 
+def sh(*argv, check=True, ns=None, **kw) -> subprocess.CompletedProcess:
+    """Run a command (inside network namespace ns when given), output captured."""
+    if ns:
+        argv = ("ip", "netns", "exec", ns) + argv
+    return subprocess.run(argv, check=check, capture_output=True, text=True, **kw)
+
+
 def missing_tool(tools) -> str:
     """Why the suite cannot run ("" when every tool is there)."""
     for tool in tools:

@@ -29,16 +29,11 @@ GATEWAY = f"{NET}.1"
 FABRIC_PEER = f"{NET}.250"
 RUN_DIR = os.environ.get("HKRACK_DIR", "/var/tmp/hkrack")
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))   # run as a script too
+from tests.helpers import REPO, sh  # noqa: E402
 # /etc entries each host gets its own copy of; `ip netns exec` binds only over existing /etc/X
 PRIVATE_ETC = ("hkgpu-tune", "sysctl.d", "systemd")
 MARK = "/etc/netns/.hkrack-created-etc.json"  # /etc dirs made for the bind mounts
-
-
-def sh(*argv, check=True, ns=None, **kw):
-    if ns:
-        argv = ("ip", "netns", "exec", ns) + argv
-    return subprocess.run(argv, check=check, capture_output=True, text=True, **kw)
 
 
 def host_names(n: int) -> list[str]:

@@ -41,12 +41,12 @@ def pytest_terminal_summary(terminalreporter):
 @pytest.fixture(scope="module")
 def vm(tmp_path_factory):
     # root: the tests are marked root (tests/conftest.py skips them otherwise)
-    why = missing_tool(("qemu-system-x86_64", "qemu-img", "debootstrap", "mkfs.ext4", "ssh", "ip"))
+    env_tools_on_path()
+    why = missing_tool(("qemu-system-x86_64", "qemu-img", "debootstrap", "mkfs.ext4", "ssh", "ip", "ansible-playbook"))
     if not why and not os.path.exists("/dev/net/tun"):
         why = "/dev/net/tun is missing (the data NIC is a tap)"
     if why:
         pytest.skip(why)
-    env_tools_on_path()
     img = image_dir(CACHE)
     with Stage("image (build, or the cached one)"):
         b = subprocess.run([os.path.join(HERE, "build.sh"), img], capture_output=True, text=True, timeout=1200)

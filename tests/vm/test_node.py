@@ -63,12 +63,14 @@ def not_ok(doc: dict) -> list[str]:
             f"{r.get('reason', '')}" for r in doc["results"] if r["status"] != "ok"]
 
 
+NIC = f"$(grep -il {DATA_MAC} /sys/class/net/*/address | cut -d/ -f5)"   # the data NIC's name, in shell
+
 
 def data_nic(vm) -> dict:
     """What the guest kernel says about the data NIC: name, MTU, channels, IRQ CPUs, root qdisc."""
     script = f"""
 set -e
-n=$(grep -il {DATA_MAC} /sys/class/net/*/address | cut -d/ -f5)
+n={NIC}
 echo "name=$n"
 echo "mtu=$(cat /sys/class/net/$n/mtu)"
 echo "numa=$(cat /sys/class/net/$n/device/../numa_node)"  # device is virtioN, its parent the PCI function
@@ -83,13 +85,20 @@ echo "irq_cpus=$(for i in $irqs; do cat /proc/irq/$i/smp_affinity_list; done | s
     return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
 
+def assert_tuned(nic: dict) -> None:
+    """MTU 9000, all channels, mq with fq_codel on every queue, interrupts on the NIC's node (CPU 1)."""
+    assert (nic["mtu"], nic["combined"], nic["qdisc"], nic["irq_cpus"].split()) == \
+        ("9000", str(QUEUES), "mq", ["1"]), nic
+    assert nic["children"].split() == ["fq_codel"] * QUEUES, nic
+
+
 def test_converge_reboot_verify(vm, node, stage):
     # the node as it boots: 2 of 4 channels (one per vCPU), MTU 1500, NIC interrupts spread by
     # the driver, and a site that sets pfifo_fast (Debian's own default is fq_codel): the kernel's
     # own mq (handle 0:) with pfifo_fast on each queue
     vm.ssh("echo net.core.default_qdisc=pfifo_fast > /etc/sysctl.d/55-site-qdisc.conf && "
            "sysctl -qw net.core.default_qdisc=pfifo_fast && "
-           f"n=$(grep -il {DATA_MAC} /sys/class/net/*/address | cut -d/ -f5) && "
+           f"n={NIC} && "
            # the kernel's own root cannot be deleted (handle 0): replace it, delete that, get it back
            "tc qdisc replace dev $n root pfifo_fast && tc qdisc del dev $n root", check=True)
     before = data_nic(vm)
@@ -108,10 +117,7 @@ def test_converge_reboot_verify(vm, node, stage):
     keys = {(r["subsystem"], r["key"]) for r in doc["results"]}
     assert ("qdisc", "root") in keys and ("link", "mtu") in keys and ("affinity", "smp_affinity_list") in keys
     assert ("sysctl", "net.core.default_qdisc") in keys   # fq_codel: ok here, not unsupported
-    now = data_nic(vm)
-    assert (now["mtu"], now["combined"], now["qdisc"], now["irq_cpus"].split()) == \
-        ("9000", str(QUEUES), "mq", ["1"]), now
-    assert now["children"].split() == ["fq_codel"] * QUEUES, now
+    assert_tuned(data_nic(vm))
 
     with stage("ansible-playbook site.yml (re-run)"):
         run, h = playbook(node, "apply")
@@ -133,10 +139,7 @@ def test_converge_reboot_verify(vm, node, stage):
     # what Prometheus scrapes after boot: the boot verify (after network-online) found no drift
     prom = vm.ssh("cat /run/hkgpu-tune-verify.prom", check=True).stdout
     assert "\nhkgpu_tune_failures 0\n" in prom and 'key="smp_affinity_list",status="ok"} 1' in prom, prom[-2000:]
-    after = data_nic(vm)
-    assert (after["mtu"], after["combined"], after["qdisc"], after["irq_cpus"].split()) == \
-        ("9000", str(QUEUES), "mq", ["1"]), after
-    assert after["children"].split() == ["fq_codel"] * QUEUES, after
+    assert_tuned(data_nic(vm))
     with stage("hkgpu-tune verify over SSH after the reboot"):
         rc, doc = verify(vm)
     assert rc == 0 and not not_ok(doc), not_ok(doc)

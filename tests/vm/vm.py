@@ -16,12 +16,13 @@ import struct
 import subprocess
 import time
 
+from ..helpers import REPO, sh
+
 HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
 
 MGMT_MAC = "52:54:00:00:02:0f"   # build.sh matches the NICs by these
 DATA_MAC = "52:54:00:12:c9:01"
-DATA_ADDR, PEER_ADDR = "198.18.201.1", "198.18.201.2"
+PEER_ADDR = "198.18.201.2"        # the guest's data NIC is 198.18.201.1 (build.sh)
 QUEUES = 4                        # > vCPUs: the guest starts with 2 combined channels, max 4
 DATA_NUMA = 1
 
@@ -54,14 +55,6 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def sh(*argv: str) -> None:
-    subprocess.run(argv, check=True, capture_output=True, text=True)
-
-
-def nsx(ns: str, *argv: str) -> None:
-    sh("ip", "netns", "exec", ns, *argv)
-
-
 def tap_fds(ns: str, name: str, queues: int) -> list[int]:
     """Open a multi-queue tap inside namespace ns (one fd per queue) for QEMU's fds=."""
     from pyroute2.netns import popns, pushns
@@ -87,38 +80,38 @@ class VM:
         self.log = os.path.join(workdir, "console.log")
         self.key = os.path.join(img_dir, "id_ed25519")
         self.port = free_port()
-        tag = str(os.getpid() % 100000)
+        tag = str(os.getpid())
         self.sw, self.peer = f"hkvm-sw-{tag}", f"hkvm-peer-{tag}"
         self.proc = None
 
     # ------------------------------------------------------------------ the test's network
     def net_up(self) -> None:
-        # namespaces a killed earlier run left behind (only this test makes hkvm-* namespaces)
+        # namespaces a killed earlier run left behind (the tag is its pid; a live one is another run's)
         for ns in os.listdir("/run/netns") if os.path.isdir("/run/netns") else []:
-            if ns.startswith(("hkvm-sw-", "hkvm-peer-")):
-                subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            if ns.startswith(("hkvm-sw-", "hkvm-peer-")) and not os.path.exists(f"/proc/{ns.rsplit('-', 1)[1]}"):
+                sh("ip", "netns", "del", ns, check=False)
         sh("ip", "netns", "add", self.sw)
         sh("ip", "netns", "add", self.peer)
-        nsx(self.sw, "ip", "link", "add", "br0", "mtu", "9000", "type", "bridge")
-        nsx(self.sw, "ip", "link", "add", "p0", "mtu", "9000", "type", "veth", "peer", "name", "fab0",
-            "mtu", "9000", "netns", self.peer)
-        nsx(self.sw, "ip", "link", "set", "p0", "master", "br0", "up")
-        nsx(self.sw, "ip", "link", "set", "br0", "up")
-        nsx(self.peer, "ip", "addr", "add", f"{PEER_ADDR}/24", "dev", "fab0")
-        nsx(self.peer, "ip", "link", "set", "fab0", "up")
-        nsx(self.peer, "ip", "link", "set", "lo", "up")
+        sh("ip", "link", "add", "br0", "mtu", "9000", "type", "bridge", ns=self.sw)
+        sh("ip", "link", "add", "p0", "mtu", "9000", "type", "veth", "peer", "name", "fab0", "mtu", "9000",
+           "netns", self.peer, ns=self.sw)
+        sh("ip", "link", "set", "p0", "master", "br0", "up", ns=self.sw)
+        sh("ip", "link", "set", "br0", "up", ns=self.sw)
+        sh("ip", "addr", "add", f"{PEER_ADDR}/24", "dev", "fab0", ns=self.peer)
+        sh("ip", "link", "set", "fab0", "up", ns=self.peer)
+        sh("ip", "link", "set", "lo", "up", ns=self.peer)
 
     def tap_up(self) -> None:
-        nsx(self.sw, "ip", "link", "set", "tap0", "mtu", "9000", "master", "br0", "up")
+        sh("ip", "link", "set", "tap0", "mtu", "9000", "master", "br0", "up", ns=self.sw)
 
     def peer_mtu(self, mtu: int) -> None:
         """The path to the fabric peer passes frames up to mtu bytes (the bridge drops larger)."""
-        nsx(self.sw, "ip", "link", "set", "p0", "mtu", str(mtu))
-        nsx(self.peer, "ip", "link", "set", "fab0", "mtu", str(mtu))
+        sh("ip", "link", "set", "p0", "mtu", str(mtu), ns=self.sw)
+        sh("ip", "link", "set", "fab0", "mtu", str(mtu), ns=self.peer)
 
     def net_down(self) -> None:
         for ns in (self.sw, self.peer):
-            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            sh("ip", "netns", "del", ns, check=False)
 
     # ------------------------------------------------------------------ the machine
     def start(self) -> None:
@@ -172,7 +165,7 @@ class VM:
         except subprocess.TimeoutExpired:
             return False
 
-    def inventory(self, path: str, **hostvars) -> str:
+    def inventory(self, path: str) -> str:
         """An Ansible inventory (YAML) naming this VM as host hkvm."""
         import yaml
         host = {"ansible_host": "127.0.0.1", "ansible_port": self.port, "ansible_user": "root",
@@ -182,24 +175,26 @@ class VM:
                 "ansible_ssh_args": f"-o ControlMaster=auto -o ControlPersist=120s -o ControlPath={self.work}/cm-%C "
                                     "-o PreferredAuthentications=publickey",
                 "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "
-                                           "-o ControlMaster=no",
-                **hostvars}
+                                           "-o ControlMaster=no"}
         with open(path, "w") as f:
             yaml.safe_dump({"all": {"hosts": {"hkvm": host}}}, f)
         return path
 
-    def wait_ssh(self, timeout=600) -> float:
+    def wait_ssh(self, timeout=600, not_boot=None) -> float:
+        """Until the guest is up and answers SSH (and, with not_boot, runs another boot than that)."""
         t0 = time.monotonic()
         while time.monotonic() - t0 < timeout:
             if self.proc.poll() is not None:
                 raise AssertionError(f"qemu exited ({self.proc.returncode}); console in {self.log}")
             try:
-                if self.ssh("systemctl is-system-running --wait >/dev/null 2>&1; true", timeout=180).returncode == 0:
+                p = self.ssh("systemctl is-system-running --wait >/dev/null 2>&1; cat /proc/sys/kernel/random/boot_id",
+                             timeout=180)
+                if p.returncode == 0 and p.stdout and p.stdout != not_boot:
                     return time.monotonic() - t0
             except subprocess.TimeoutExpired:
                 pass
             time.sleep(1)
-        raise AssertionError(f"no SSH after {timeout} s; console in {self.log}")
+        raise AssertionError(f"no SSH{' from a new boot' if not_boot else ''} after {timeout} s; console in {self.log}")
 
     def close_masters(self) -> None:
         """End the SSH control masters Ansible left (they would outlive a reboot)."""
@@ -219,18 +214,8 @@ class VM:
             self.ssh("systemctl reboot", timeout=30)
         except subprocess.TimeoutExpired:
             pass
-        while time.monotonic() - t0 < 900:  # until the new boot answers
-            if self.proc.poll() is not None:
-                raise AssertionError(f"qemu exited ({self.proc.returncode}); console in {self.log}")
-            try:
-                p = self.ssh("systemctl is-system-running --wait >/dev/null 2>&1; cat /proc/sys/kernel/random/boot_id",
-                             timeout=180)
-                if p.returncode == 0 and p.stdout and p.stdout != boot_id:
-                    return time.monotonic() - t0
-            except subprocess.TimeoutExpired:
-                pass
-            time.sleep(1)
-        raise AssertionError(f"no new boot within 900 s; console in {self.log}")
+        self.wait_ssh(900, not_boot=boot_id)
+        return time.monotonic() - t0
 
     def stop(self) -> None:
         """Power off (a clean shutdown), then remove the overlay and the namespaces."""
