@@ -24,3 +24,12 @@ class ApplyError(HkError):
 class StateError(HkError):
     """The state file is missing, unreadable or not ours."""
 
+
+
+class TargetGone(HkError):
+    """The device a saved original belongs to is gone or was replaced (name or permanent MAC
+    differ): rollback keeps the entry until it returns or the operator says --forget."""
+
+
+class LockError(HkError):
+    """Another apply or rollback holds the state directory's lock."""
