@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import json
 
+from ..errors import HkError
+from .context import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, Context
+
 
 def add_parser(sub) -> None:
     p = sub.add_parser("mps", help="start, stop or probe the CUDA MPS control daemon of the profile")
@@ -10,27 +13,21 @@ def add_parser(sub) -> None:
     p.add_argument("--profile", "-p", help="profile file or shipped profile name (its mps: section)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--direct", action="store_true", help="start/stop the daemon directly even where systemd runs")
-    p.set_defaults(extra_run=run_mps)
+    p.set_defaults(run=run_mps)
     p = sub.add_parser("placement", help="CPUs and NUMA node for a service on one GPU")
     p.add_argument("--gpu", type=int, default=0)
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(extra_run=run_placement)
+    p.set_defaults(run=run_placement)
 
 
-def _plugin(args):
-    from .backends import Backends
-    from .errors import HkError
-    from .profile import load_profile
-    from .subsystems.mps import Plugin
+def run_mps(ctx: Context) -> int:
+    from ..backends import Backends
+    from ..subsystems.mps import Plugin
 
-    prof = load_profile(args.profile)
+    args, prof = ctx.args, ctx.profile
     if prof.section("mps") is None:
         raise HkError(f"{prof.path}: the profile has no mps: section")
-    return Plugin(prof, Backends())
-
-
-def run_mps(args) -> int:
-    plug = _plugin(args)
+    plug = Plugin(prof, Backends())
     try:
         direct = False if args.direct else None
         if args.action == "start":
@@ -51,14 +48,15 @@ def run_mps(args) -> int:
                  f"{h['default_active_thread_percentage']}") if h["alive"] else ""
         print(f"mps {state} ({plug.cfg.pipe_dir}){extra}")
     if args.action == "status":
-        return 0 if h["alive"] else 2
-    return 0 if h["alive"] == (args.action == "start") else 1
+        return EXIT_OK if h["alive"] else EXIT_DRIFT
+    return EXIT_OK if h["alive"] == (args.action == "start") else EXIT_ERROR
 
 
-def run_placement(args) -> int:
-    from .backends import Backends
-    from .subsystems.affinity import format_cpulist, service_placement, unit_lines
+def run_placement(ctx: Context) -> int:
+    from ..backends import Backends
+    from ..subsystems.affinity import format_cpulist, service_placement, unit_lines
 
+    args = ctx.args
     b = Backends()
     try:
         pl = service_placement(b, args.gpu)
@@ -70,4 +68,4 @@ def run_placement(args) -> int:
         print(f"GPU {args.gpu}: CPUs {format_cpulist(pl['cpus'])}, NUMA node {pl['numa_node']} ({pl['source']})")
         for line in unit_lines(pl):
             print(f"  {line}")
-    return 0
+    return EXIT_OK

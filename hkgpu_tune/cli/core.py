@@ -1,0 +1,139 @@
+"""hkgpu-tune facts | plan | apply | verify | rollback: one function per command."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from .context import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, Context
+
+
+def _common(p) -> None:
+    p.add_argument("--profile", "-p", help="profile file or shipped profile name (default: hk-inference)")
+    p.add_argument("--only", help="comma-separated subsystems (sysctl,link,ethtool,qdisc,gpu,mps,affinity,triton)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--state-dir", help="where apply keeps the originals (default /var/lib/hkgpu-tune)")
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("facts", help="print the live state")
+    _common(p)
+    p.set_defaults(run=run_facts)
+    p = sub.add_parser("plan", help="list the changes apply would make")
+    _common(p)
+    p.set_defaults(run=run_plan)
+    p = sub.add_parser("verify", help="read back and report drift")
+    _common(p)
+    p.add_argument("--prometheus", metavar="FILE", help="also write a Prometheus textfile")
+    p.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report")
+    p.add_argument("--probe", action="store_true", help="also send don't-fragment pings to the peers")
+    p.set_defaults(run=run_verify)
+    p = sub.add_parser("rollback", help="restore the saved originals")
+    _common(p)
+    p.set_defaults(run=run_rollback)
+    p = sub.add_parser("apply", help="apply the profile (originals saved first)")
+    _common(p)
+    p.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
+    p.add_argument("--persist", action="store_true", help="also make the settings survive a reboot")
+    p.add_argument("--root", default="/", help="file-system root for --persist (tests)")
+    p.set_defaults(run=run_apply)
+
+
+def _write(path: str, text: str) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def run_facts(ctx: Context) -> int:
+    facts = ctx.engine.facts()
+    if ctx.json:
+        print(json.dumps(facts, indent=2, default=str))
+    else:
+        ctx.console.print_json(json.dumps(facts, default=str))
+    return EXIT_OK
+
+
+def run_verify(ctx: Context) -> int:
+    from .. import report
+    args, eng = ctx.args, ctx.engine
+    res = eng.verify()
+    if args.probe and "link" in eng.by_name:
+        res += eng.by_name["link"].probe()
+    if args.prometheus:
+        _write(args.prometheus, report.to_prometheus(res))
+    if args.junit:
+        _write(args.junit, report.to_junit(res))
+    if ctx.json:
+        print(report.to_json(res))
+    else:
+        report.print_table(res, ctx.console)
+    return report.exit_code(res)
+
+
+def run_plan(ctx: Context) -> int:
+    from .. import report
+    changes, res = ctx.engine.plan()
+    if ctx.json:
+        print(report.to_json(res, {"changes": [c.to_dict() for c in changes]}))
+    else:
+        report.print_changes(changes, res, ctx.console)
+    return EXIT_OK if not [r for r in res if r.failed] else EXIT_DRIFT
+
+
+def run_apply(ctx: Context) -> int:
+    from .. import report
+    if ctx.args.dry_run:
+        return run_plan(ctx)
+    eng = ctx.engine
+    rep = eng.apply()
+    persisted = []
+    if not rep.error and ctx.args.persist:
+        from ..persist import persist
+        persisted = persist(eng, ctx.args.root, profile_path=ctx.profile.path)
+    if ctx.json:
+        print(report.to_json(rep.results, {"changes": [c.to_dict() for c in rep.changes],
+                                           "error": rep.error, "rolled_back": rep.rolled_back,
+                                           "persisted": persisted}))
+    else:
+        con = ctx.console
+        report.print_changes(rep.changes, (), con, title="applied" if not rep.error else "attempted")
+        if rep.error:
+            con.print(f"[red]error:[/] {rep.error}" + (" (rolled back)" if rep.rolled_back else ""))
+        else:
+            for p in persisted:
+                con.print(f"persisted: {p}")
+            report.print_table(rep.results, con)
+    if rep.error:
+        return EXIT_ERROR
+    return report.exit_code(rep.results)
+
+
+def run_rollback(ctx: Context) -> int:
+    from ..errors import ProfileError
+    from ..persist import unpersist
+    from ..profile import Profile
+    try:
+        ctx.profile
+    except ProfileError as e:
+        # rollback needs only the saved originals: a broken profile must not block it
+        print(f"hkgpu-tune: warning: {e} (rolling back from the state file alone)", file=sys.stderr)
+        ctx._profile = Profile(path="(none)")
+    eng = ctx.engine
+    restored, errs = eng.rollback()
+    files = unpersist(eng.state.dir)
+    if ctx.json:
+        print(json.dumps({"restored": [c.to_dict() for c in restored], "files": files, "errors": errs},
+                         indent=2, default=str))
+    else:
+        con = ctx.console
+        for f in files:
+            con.print(f)
+        if not restored and not files:
+            con.print(f"nothing to roll back (no saved originals in {eng.state.dir})")
+        for c in reversed(restored):
+            con.print(f"restored {c.subsystem} {c.target} {c.key} = {c.current}")
+        for e in errs:
+            con.print(f"[red]error:[/] {e}")
+    return EXIT_ERROR if errs else EXIT_OK

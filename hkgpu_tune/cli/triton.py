@@ -1,0 +1,172 @@
+"""hkgpu-tune triton render | start | stop | gate | unit | command | build | export.
+
+    hkgpu-tune triton render -p node.yaml          # write the model repository
+    hkgpu-tune triton start -p node.yaml           # render, launch, wait for /v2/health/ready
+    hkgpu-tune triton gate -p node.yaml            # warm-up + load; exit 1 with the figures if p99 > SLO
+    hkgpu-tune triton stop -p node.yaml
+    hkgpu-tune triton unit -p node.yaml            # the systemd unit it would install
+    hkgpu-tune triton command -p node.yaml         # the exact argv (binary or container form)
+
+Each subcommand: a parser added in add_parser and one run_* function of the Context.
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import time
+
+from ..errors import HkError
+from .context import EXIT_ERROR, EXIT_OK, Context
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("triton", help="the Triton inference service: render, start, gate, stop")
+    tsub = p.add_subparsers(dest="triton_cmd", required=True)
+    for name, helptext, fn in (
+            ("render", "write the model repository (config.pbtxt checked by Triton's schema)", run_render),
+            ("start", "render, launch and wait until ready", run_start),
+            ("stop", "stop the service; no process left", run_stop),
+            ("gate", "warm-up and a short load; fails when p99 is over the SLO", run_gate),
+            ("unit", "print the systemd unit", run_unit),
+            ("command", "print the argv of the service (binary or container form)", run_command),
+            ("build", "build TensorRT plans from ONNX with trtexec (cached)", run_build)):
+        q = tsub.add_parser(name, help=helptext)
+        q.add_argument("--profile", "-p", help="profile file with a triton: section")
+        q.add_argument("--json", action="store_true", help="machine-readable output")
+        if name == "start":
+            q.add_argument("--no-gate", action="store_true", help="do not run the gate after ready")
+            q.add_argument("--restart", action="store_true", help="stop a running server first")
+        if name in ("gate", "start"):
+            q.add_argument("--p99-ms", type=float, help="override the profile's SLO")
+            q.add_argument("--requests", type=int, help="override the number of load requests")
+            q.add_argument("--concurrency", type=int, help="override the load concurrency")
+        q.set_defaults(run=fn)
+    q = tsub.add_parser("export", help="export a torchvision model to ONNX (random weights, no download)")
+    q.add_argument("model", help="torchvision model name, e.g. resnet50")
+    q.add_argument("output", help="ONNX file to write")
+    q.add_argument("--image-size", type=int, default=224)
+    q.add_argument("--opset", type=int, default=17)
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(run=run_export)
+
+
+def _section(ctx: Context):
+    t = ctx.profile.section("triton")
+    if t is None:
+        raise HkError(f"{ctx.profile.path}: the profile has no triton: section")
+    return t
+
+
+def _backends():
+    from ..backends import Backends
+    return Backends()  # NVML for the GPU's name (plan cache key) and the placement
+
+
+def _out(ctx: Context, doc: dict, text: str) -> None:
+    print(json.dumps(doc, indent=2, default=str) if ctx.json else text)
+
+
+def run_export(ctx: Context) -> int:
+    from ..triton import engine
+    a = ctx.args
+    info = engine.export_torchvision(a.model, a.output, image_size=a.image_size, opset=a.opset)
+    _out(ctx, info, f"wrote {info['path']} ({info['model']}, input {info['input']}, random weights)")
+    return EXIT_OK
+
+
+def run_render(ctx: Context) -> int:
+    from ..triton import render
+    t = _section(ctx)
+    b = _backends()
+    try:
+        files = render.write_repository(t, b)
+    finally:
+        b.close()
+    _out(ctx, {"repository": t.model_repository, "written": files},
+         "\n".join(f"wrote {f}" for f in files) or f"{t.model_repository}: up to date")
+    return EXIT_OK
+
+
+def run_unit(ctx: Context) -> int:
+    from ..triton import launch
+    t = _section(ctx)
+    b = _backends()
+    try:
+        print(launch.render_unit(t, launch.placement(t, b)), end="")
+    finally:
+        b.close()
+    return EXIT_OK
+
+
+def run_command(ctx: Context) -> int:
+    from ..triton import launch
+    t = _section(ctx)
+    b = _backends()
+    try:
+        argv = launch.command(t, launch.placement(t, b))
+    finally:
+        b.close()
+    _out(ctx, {"argv": argv, "env": launch.server_env(t) if t.launch == "binary" else {}}, shlex.join(argv))
+    return EXIT_OK
+
+
+def run_build(ctx: Context) -> int:
+    from ..triton import engine
+    t = _section(ctx)
+    b = _backends()
+    try:
+        out = [engine.build_model(t, m, b) for m in t.models if m.build]
+    finally:
+        b.close()
+    _out(ctx, {"plans": [o.__dict__ for o in out]}, "\n".join(o.line() for o in out) or "no model has a build: section")
+    return EXIT_OK
+
+
+def run_stop(ctx: Context) -> int:
+    from ..triton import launch
+    t = _section(ctx)
+    b = _backends()
+    try:
+        rep = launch.stop(t, b)
+    finally:
+        b.close()
+    _out(ctx, rep, f"stopped ({rep['how']}, {rep.get('seconds', 0)} s)" if rep["stopped"]
+         else rep["how"] if not rep["left"] else f"processes left: {rep['left']}")
+    return EXIT_OK if not rep["left"] else EXIT_ERROR
+
+
+def run_start(ctx: Context) -> int:
+    from ..triton import gate, launch, render
+    a = ctx.args
+    t = _section(ctx)
+    t0 = time.monotonic()
+    b = _backends()
+    try:
+        written = render.write_repository(t, b)
+        if a.restart:
+            launch.stop(t, b)
+        was = launch.status(t, b)
+        st = launch.start(t, b)
+        waited = launch.wait_ready(t)
+        doc = {"service": st, "written": written, "already_running": was["active"],
+               "ready_s": round(time.monotonic() - t0, 3), "waited_s": round(waited, 3)}
+        lines = [f"{st['target']}: ready in {doc['ready_s']} s" + (" (already running)" if was["active"] else "")]
+        code = EXIT_OK
+        if not a.no_gate:
+            rep = gate.run_gate(t, p99_ms=a.p99_ms, requests=a.requests, concurrency=a.concurrency)
+            doc["gate"] = rep.to_dict()
+            lines.append(("gate passed: " if rep.passed else "gate FAILED: ") + rep.message)
+            code = EXIT_OK if rep.passed else EXIT_ERROR
+    finally:
+        b.close()
+    _out(ctx, doc, "\n".join(lines))
+    return code
+
+
+def run_gate(ctx: Context) -> int:
+    from ..triton import gate
+    a = ctx.args
+    t = _section(ctx)
+    rep = gate.run_gate(t, p99_ms=a.p99_ms, requests=a.requests, concurrency=a.concurrency)
+    _out(ctx, rep.to_dict(), ("gate passed: " if rep.passed else "gate FAILED: ") + rep.message)
+    return EXIT_OK if rep.passed else EXIT_ERROR
