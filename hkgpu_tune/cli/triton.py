@@ -67,9 +67,9 @@ def _out(ctx: Context, doc: dict, text: str) -> None:
 
 
 def run_export(ctx: Context) -> int:
-    from ..triton import engine
+    from ..triton import tensorrt
     a = ctx.args
-    info = engine.export_torchvision(a.model, a.output, image_size=a.image_size, opset=a.opset)
+    info = tensorrt.export_torchvision(a.model, a.output, image_size=a.image_size, opset=a.opset)
     _out(ctx, info, f"wrote {info['path']} ({info['model']}, input {info['input']}, random weights)")
     return EXIT_OK
 
@@ -111,11 +111,11 @@ def run_command(ctx: Context) -> int:
 
 
 def run_build(ctx: Context) -> int:
-    from ..triton import engine
+    from ..triton import tensorrt
     t = _section(ctx)
     b = _backends()
     try:
-        out = [engine.build_model(t, m, b) for m in t.models if m.build]
+        out = [tensorrt.build_model(t, m, b) for m in t.models if m.build]
     finally:
         b.close()
     _out(ctx, {"plans": [o.__dict__ for o in out]}, "\n".join(o.line() for o in out) or "no model has a build: section")

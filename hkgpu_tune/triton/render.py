@@ -245,7 +245,7 @@ def model_state(t, model) -> dict:
     have_file = _file_sha(os.path.join(d, str(model.version), fname))
     if model.model_file:
         want_file = _file_sha(model.model_file)
-    else:  # a built plan: present is enough here, engine.py keeps it current
+    else:  # a built plan: present is enough here, tensorrt.py keeps it current
         want_file = have_file or "built"
     reasons = []
     if have_cfg is None:
@@ -259,9 +259,9 @@ def model_state(t, model) -> dict:
     current = "absent" if have_cfg is None and have_file is None else f"{have_cfg or '-'}/{have_file or '-'}"
     out = {"current": current, "desired": f"{want_cfg}/{want_file}", "reason": "; ".join(reasons)}
     if model.build and have_file is None:
-        from . import engine
-        if engine.trtexec_path() is None:
-            out["unsupported"] = engine.TRTEXEC_MISSING
+        from . import tensorrt
+        if tensorrt.trtexec_path() is None:
+            out["unsupported"] = tensorrt.TRTEXEC_MISSING
     return out
 
 
@@ -288,8 +288,8 @@ def write_model(t, model, backends=None) -> list[str]:
             os.replace(tmp, target)
             written.append(target)
     elif model.build:
-        from . import engine
-        if engine.build_plan(model.build, target, model, backends, gpu=t.gpu).built:
+        from . import tensorrt
+        if tensorrt.build_plan(model.build, target, model, backends, gpu=t.gpu).built:
             written.append(target)
     return written
 

@@ -130,8 +130,8 @@ def test_compare_of_a_running_service(tmp_path):
 
 def test_plan_without_trtexec_is_unsupported_not_a_crash(tmp_path, monkeypatch):
     (tmp_path / "m.onnx").write_bytes(b"x")
-    from hkgpu_tune.triton import engine
-    monkeypatch.setattr(engine, "trtexec_path", lambda: None)
+    from hkgpu_tune.triton import tensorrt
+    monkeypatch.setattr(tensorrt, "trtexec_path", lambda: None)
     prof = parse_profile_text(f"""\
 triton:
   model_repository: {tmp_path}/repo

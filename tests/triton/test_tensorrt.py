@@ -13,7 +13,7 @@ import pytest
 
 from hkgpu_tune.errors import UnsupportedError
 from hkgpu_tune.profile import parse_profile_text
-from hkgpu_tune.triton import engine, render
+from hkgpu_tune.triton import render, tensorrt
 
 FAKE = """#!/bin/sh
 echo "&&&& RUNNING TensorRT.trtexec [TensorRT v{version}] # trtexec $*"
@@ -61,7 +61,7 @@ def test_build_once_then_cached_then_rebuilt_on_change(tmp_path, monkeypatch):
     log = fake_trtexec(tmp_path, monkeypatch)
     t = section(tmp_path)
     m = t.models[0]
-    r = engine.build_model(t, m)
+    r = tensorrt.build_model(t, m)
     plan = tmp_path / "repo" / "resnet50" / "1" / "model.plan"
     assert r.built and r.reason == "no plan yet" and plan.read_text() == "plan\n"
     assert calls(log) == [f"--onnx={tmp_path}/resnet.onnx --saveEngine={plan}.building --fp16 "
@@ -69,19 +69,19 @@ def test_build_once_then_cached_then_rebuilt_on_change(tmp_path, monkeypatch):
     key = json.loads((tmp_path / "repo" / "resnet50" / "1" / "model.plan.key.json").read_text())
     assert key["key"]["tensorrt"] == "100300" and key["key"]["flags"][0] == "--fp16"
     # same inputs: no second trtexec run
-    r2 = engine.build_model(t, m)
+    r2 = tensorrt.build_model(t, m)
     assert not r2.built and r2.reason == "cache key matches" and len(calls(log)) == 1
     # the ONNX changes -> rebuilt
     (tmp_path / "resnet.onnx").write_bytes(b"onnx-v2")
-    r3 = engine.build_model(t, m)
+    r3 = tensorrt.build_model(t, m)
     assert r3.built and r3.reason == "changed: onnx_sha256" and len(calls(log)) == 2
     # the flags change -> rebuilt
     t2 = section(tmp_path, fp16=False)
-    r4 = engine.build_model(t2, t2.models[0])
+    r4 = tensorrt.build_model(t2, t2.models[0])
     assert r4.built and r4.reason == "changed: flags" and "--fp16" not in calls(log)[-1]
     # TensorRT is upgraded -> rebuilt
     fake_trtexec(tmp_path, monkeypatch, version="100500")
-    r5 = engine.build_model(t2, t2.models[0])
+    r5 = tensorrt.build_model(t2, t2.models[0])
     assert r5.built and r5.reason == "changed: tensorrt"
     # the repository state sees the plan
     assert render.repository_state(t2)["resnet50"]["reason"] == "config.pbtxt absent"
@@ -90,24 +90,24 @@ def test_build_once_then_cached_then_rebuilt_on_change(tmp_path, monkeypatch):
 def test_trtexec_failure_keeps_the_old_plan(tmp_path, monkeypatch):
     fake_trtexec(tmp_path, monkeypatch)
     t = section(tmp_path)
-    engine.build_model(t, t.models[0])
+    tensorrt.build_model(t, t.models[0])
     (tmp_path / "resnet.onnx").write_bytes(b"broken")
     fake_trtexec(tmp_path, monkeypatch, rc=3)
     with pytest.raises(Exception) as e:
-        engine.build_model(t, t.models[0])
+        tensorrt.build_model(t, t.models[0])
     assert "trtexec failed (exit 3)" in str(e.value)
     assert (tmp_path / "repo" / "resnet50" / "1" / "model.plan").read_text() == "plan\n"
 
 
 def test_trtexec_not_found_is_a_clear_skip(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path / "empty"))
-    monkeypatch.setattr(engine, "trtexec_path", lambda: None)
+    monkeypatch.setattr(tensorrt, "trtexec_path", lambda: None)
     t = section(tmp_path)
-    r = engine.build_model(t, t.models[0])
+    r = tensorrt.build_model(t, t.models[0])
     assert not r.built and r.skipped.startswith("trtexec not found")
     assert "skipped: trtexec not found" in r.line()
     with pytest.raises(UnsupportedError, match="trtexec not found"):
-        engine.build_plan(t.models[0].build, str(tmp_path / "x.plan"), t.models[0])
+        tensorrt.build_plan(t.models[0].build, str(tmp_path / "x.plan"), t.models[0])
     st = render.repository_state(t)["resnet50"]
     assert st["unsupported"].startswith("trtexec not found")
 
@@ -131,7 +131,7 @@ triton:
 def test_torchvision_export_downloads_nothing(tmp_path, monkeypatch):
     import onnx
     monkeypatch.setenv("TORCH_HOME", str(tmp_path / "torch-home"))
-    info = engine.export_torchvision("resnet18", str(tmp_path / "r18.onnx"), image_size=64)
+    info = tensorrt.export_torchvision("resnet18", str(tmp_path / "r18.onnx"), image_size=64)
     m = onnx.load(str(tmp_path / "r18.onnx"))
     assert m.graph.input[0].name == "input"
     assert m.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
