@@ -11,6 +11,7 @@ import importlib
 import ipaddress
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -27,14 +28,106 @@ def default_profile_path() -> Path:
     return PROFILE_DIR / f"{DEFAULT_PROFILE}.yaml"
 
 
+def shipped_profiles() -> list[str]:
+    return sorted(f.stem for f in PROFILE_DIR.glob("*.yaml"))
+
+
 def resolve_profile(name: str | os.PathLike | None) -> Path:
-    """A path, or the name of a shipped profile ('hk-inference', 'hk-latency')."""
+    """A bare name ('hk-inference': no '/', no .yaml or .yml suffix) is a shipped profile;
+    anything else (a Path, a name with a '/' or a suffix) names a file."""
     if not name:
         return default_profile_path()
-    p = Path(name)
-    if not p.exists() and (PROFILE_DIR / f"{name}.yaml").exists():
+    if _BAD_CHAR.search(os.fspath(name)):
+        raise ProfileError(f"{os.fspath(name)!r}: a profile path with a line break or control character")
+    if isinstance(name, os.PathLike):
+        return Path(name)
+    if "/" in name or os.path.splitext(name)[1]:
+        return Path(name)
+    if re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name) and (PROFILE_DIR / f"{name}.yaml").is_file():
         return PROFILE_DIR / f"{name}.yaml"
-    return p
+    raise ProfileError(f"{name!r}: no shipped profile of that name (shipped: {', '.join(shipped_profiles())}); "
+                       f"a file needs a '/' or a .yaml suffix, e.g. ./{name}.yaml")
+
+
+# limits on what is read: a profile is a small hand-written file
+MAX_BYTES = 1 << 20      # file size
+MAX_DEPTH = 32           # nesting of mappings and lists
+MAX_NODES = 20000        # nodes, counting each alias as the whole subtree it repeats
+MAX_SCALAR = 4096        # characters in one key or value
+# the only tags a profile may carry (explicit or implied): no python objects, binary, dates, sets
+TAGS = {"tag:yaml.org,2002:" + t for t in ("str", "int", "float", "bool", "null", "seq", "map")}
+# line breaks and control characters never reach a file the tool writes (tab is allowed: whitespace)
+_BAD_CHAR = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader's composer with a depth limit (the composer recurses; deep nesting is refused
+    with a line number instead of a RecursionError)."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._depth = 0
+
+    def compose_node(self, parent, index):
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"nested deeper than {MAX_DEPTH} levels",
+                                                  self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _tag_name(tag: str) -> str:
+    return tag.replace("tag:yaml.org,2002:", "!!")
+
+
+def check_tree(root: yaml.Node, file: str) -> None:
+    """Refuse what a profile never needs, before any section parser sees it: unknown tags,
+    merge keys, control characters, oversized scalars, and aliases that expand too far.
+    Each node is visited once (aliases are shared nodes), so this is linear in the file."""
+    size: dict[int, int] = {}
+
+    def err(node, path, msg):
+        return ProfileError(f"{file}:{node.start_mark.line + 1}: {path or '(top)'}: {msg}")
+
+    def walk(node, path) -> int:
+        if id(node) in size:
+            return size[id(node)]
+        size[id(node)] = 0          # a node under construction (recursive anchors are refused by the composer)
+        if node.tag not in TAGS:
+            if node.tag == "tag:yaml.org,2002:merge":
+                raise err(node, path, "merge keys ('<<') are not supported: write the keys out")
+            if node.tag == "tag:yaml.org,2002:timestamp" and isinstance(node, yaml.ScalarNode):
+                raise err(node, path, f"{node.value!r} reads as a date: quote it if it is meant as text")
+            raise err(node, path, f"the tag {_tag_name(node.tag)} is not allowed in a profile "
+                                  "(only strings, numbers, true/false, lists and mappings)")
+        n = 1
+        if isinstance(node, yaml.ScalarNode):
+            if len(node.value) > MAX_SCALAR:
+                raise err(node, path, f"a value longer than {MAX_SCALAR} characters")
+            bad = _BAD_CHAR.search(node.value)
+            if bad:
+                raise err(node, path, f"contains the control character {bad.group()!r} "
+                                      "(line breaks and control characters are not allowed)")
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                n += walk(item, f"{path}[{i}]")
+        else:
+            for k, v in node.value:
+                key = k.value if isinstance(k, yaml.ScalarNode) else "?"
+                child = f"{path}.{key}" if path else str(key)
+                if isinstance(k, yaml.ScalarNode) and k.tag == "tag:yaml.org,2002:merge":
+                    raise err(k, child, "merge keys ('<<') are not supported: write the keys out")
+                n += walk(k, child) + walk(v, child)
+        if n > MAX_NODES:
+            raise err(node, path, f"more than {MAX_NODES} values once aliases are expanded "
+                                  "(a profile is small; aliases that repeat whole trees are refused)")
+        size[id(node)] = n
+        return n
+
+    walk(root, "")
 
 
 _CONSTRUCTOR = yaml.SafeLoader("")
@@ -67,7 +160,13 @@ class Node:
     def value(self) -> Any:
         if not isinstance(self.node, yaml.ScalarNode):
             raise self.error(f"expected a single value, got a {self.kind()}")
-        return _CONSTRUCTOR.construct_object(self.node, deep=True)  # YAML's own typing rules
+        try:
+            v = _CONSTRUCTOR.construct_object(self.node, deep=True)  # YAML's own typing rules
+        except (ValueError, TypeError, OverflowError, yaml.YAMLError):
+            raise self.error(f"not a valid value: {self._desc()}") from None
+        if isinstance(v, int) and not isinstance(v, bool) and v.bit_length() > 64:
+            raise self.error(f"an integer out of range (more than 64 bits): {self._desc()}")
+        return v
 
     def is_null(self) -> bool:
         return isinstance(self.node, yaml.ScalarNode) and self.node.tag.endswith(":null")
@@ -102,7 +201,8 @@ class Node:
 
     def _desc(self) -> str:
         if isinstance(self.node, yaml.ScalarNode):
-            return repr(self.node.value) if self.node.value != "" else "nothing"
+            v = self.node.value
+            return (repr(v) if len(v) <= 64 else repr(v[:60]) + "...") if v != "" else "nothing"
         return f"a {self.kind()}"
 
     # scalars
@@ -309,7 +409,10 @@ def parse_network(n: Node) -> Network:
 
 
 # ---------------------------------------------------------------- sysctl section
-SYSCTL_KEY_RE = r"[a-z0-9_][a-z0-9_.\-/]*"
+# dotted names: a lower-case top directory (net, vm, kernel, fs), then names such as an interface's
+SYSCTL_KEY_RE = r"[a-z][a-z0-9_]*(\.[A-Za-z0-9_-]+)+"
+SYSCTL_KEY_MAX = 255
+SYSCTL_VALUE_MAX = 1024
 
 
 @dataclass(frozen=True)
@@ -338,19 +441,25 @@ def _sysctl_value(n: Node) -> str:
         return "1" if v else "0"
     if isinstance(v, (int, str)) and str(v).strip():
         return " ".join(str(v).split())
-    if isinstance(v, list):
-        return " ".join(str(x) for x in v)
     raise n.error(f"expected a number or a string, got {n._desc()}")
+
+
+def sysctl_path(key: str) -> str:
+    """/proc/sys/... for a dotted key; ProfileError-free check used by the parser and state checks."""
+    return "/proc/sys/" + key.replace(".", "/")
+
+
+def valid_sysctl_key(key: str) -> bool:
+    return (len(key) <= SYSCTL_KEY_MAX and re.fullmatch(SYSCTL_KEY_RE, key) is not None
+            and os.path.normpath(sysctl_path(key)) == sysctl_path(key))
 
 
 def parse_sysctl(n: Node) -> list[SysctlSetting]:
     out = []
     for key, v in n.mapping().items():
-        kn = Node(v.node, v.file, v.path)
-        if not re.fullmatch(SYSCTL_KEY_RE, key) or ".." in key or "/" in key or key.startswith("."):
-            raise kn.error("not a sysctl key (expected dotted names under /proc/sys, e.g. net.core.rmem_max)")
-        if os.path.normpath("/proc/sys/" + key.replace(".", "/")) != "/proc/sys/" + key.replace(".", "/"):
-            raise kn.error("sysctl key leaves /proc/sys")
+        if not valid_sysctl_key(key):
+            raise v.error("not a sysctl key (expected dotted names under /proc/sys such as net.core.rmem_max: "
+                          f"letters, digits, '_' and '-', at most {SYSCTL_KEY_MAX} characters)")
         compare = "at_least" if key in AT_LEAST else "exact"
         optional = False
         if isinstance(v.node, yaml.MappingNode):
@@ -364,6 +473,8 @@ def parse_sysctl(n: Node) -> list[SysctlSetting]:
             value = " ".join(str(_sysctl_value(i)) for i in v.items())
         else:
             value = _sysctl_value(v)
+        if len(value) > SYSCTL_VALUE_MAX:
+            raise v.error(f"a sysctl value longer than {SYSCTL_VALUE_MAX} characters")
         if compare == "at_least" and not all(t.lstrip("-").isdigit() for t in value.split()):
             raise v.error(f"'at_least' needs numbers, got {value!r}")
         out.append(SysctlSetting(key, value, compare, optional, v.line))
@@ -409,8 +520,10 @@ class Profile:
 
 
 def parse_profile_text(text: str, file: str = "<profile>") -> Profile:
+    if len(text) > MAX_BYTES:
+        raise ProfileError(f"{file}: larger than {MAX_BYTES} bytes: not a profile")
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        root = yaml.compose(text, Loader=_Loader)
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         line = mark.line + 1 if mark else 0
@@ -419,11 +532,12 @@ def parse_profile_text(text: str, file: str = "<profile>") -> Profile:
         raise ProfileError(f"{file}: not valid YAML: {e}") from None
     if root is None:
         raise ProfileError(f"{file}:1: the profile is empty")
+    check_tree(root, file)
     top = Node(root, file, "")
     m = top.mapping(sorted(set(SECTIONS) | {"name", "description"}))
     prof = Profile(path=file)
     if "name" in m:
-        prof.name = m["name"].string()
+        prof.name = m["name"].string(r"[A-Za-z0-9_.@+-]{1,64}", "a name (letters, digits, '_.@+-', at most 64)")
     if "description" in m:
         prof.description = m["description"].string()
     for key, node in m.items():
@@ -432,12 +546,42 @@ def parse_profile_text(text: str, file: str = "<profile>") -> Profile:
     return prof
 
 
-def load_profile(path: str | os.PathLike | None = None) -> Profile:
-    p = resolve_profile(path)
+def read_profile_file(path: str | os.PathLike) -> str:
+    """The text of a profile file: a regular file (never a FIFO or device: opened without
+    blocking and checked before reading) of at most MAX_BYTES, in UTF-8."""
+    p = os.fspath(path)
     try:
-        text = Path(p).read_text()
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise ProfileError(f"{p}: no such profile file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ProfileError(f"{p}: cannot read the profile: {e}") from None
+    except OSError as e:
+        raise ProfileError(f"{p}: cannot read the profile: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ProfileError(f"{p}: not a regular file: a profile must be a plain file")
+        if st.st_size > MAX_BYTES:
+            raise ProfileError(f"{p}: larger than {MAX_BYTES} bytes: not a profile")
+        chunks, total = [], 0
+        while total <= MAX_BYTES:
+            b = os.read(fd, MAX_BYTES + 1 - total)
+            if not b:
+                break
+            chunks.append(b)
+            total += len(b)
+        if total > MAX_BYTES:
+            raise ProfileError(f"{p}: larger than {MAX_BYTES} bytes: not a profile")
+    except OSError as e:
+        raise ProfileError(f"{p}: cannot read the profile: {e.strerror}") from None
+    finally:
+        os.close(fd)
+    try:
+        return b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ProfileError(f"{p}: not UTF-8 text (byte {e.start})") from None
+
+
+def load_profile(path: str | os.PathLike | None = None) -> Profile:
+    p = resolve_profile(path)
+    text = read_profile_file(p)
     return parse_profile_text(text, str(p) if path else p.name)
