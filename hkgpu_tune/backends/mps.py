@@ -8,7 +8,10 @@
 """
 from __future__ import annotations
 
+import errno
 import os
+import pwd
+import stat
 import subprocess
 import time
 
@@ -26,6 +29,133 @@ def mps_env(pipe_dir: str, log_dir: str | None = None, gpus=None) -> dict:
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"   # the same numbering as NVML
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
     return env
+
+
+# Where the profile may put MPS pipe and log directories (checked at parse time): places meant
+# for a service's runtime, log or state files. A directory is strictly below one of them.
+SAFE_DIR_ROOTS = ("/run", "/var/run", "/tmp", "/var/lib/hkgpu-tune", "/var/log", "/srv")
+
+
+def safe_root(path: str) -> str | None:
+    """The allowed root `path` lies under ('' parts, '..' and links in the name itself are refused
+    elsewhere), or None."""
+    return next((r for r in SAFE_DIR_ROOTS if path.startswith(r + "/") and len(path) > len(r) + 1), None)
+
+
+def _trusted(st, euid: int) -> bool:
+    """A directory no one but root (or us) can change the contents of."""
+    return st.st_uid in (0, euid) and not st.st_mode & 0o022
+
+
+def _open_dir(name: str, dir_fd: int, path: str) -> int:
+    try:
+        return os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise ApplyError(f"{path}: a link or not a directory: refused (the tool never follows links here)") from None
+        raise
+
+
+def ensure_dir(path: str, mode: int, user: str) -> bool:
+    """Make `path` a directory with `mode`, owned by `user`; True when this call created it.
+
+    A directory the tool creates is given to `user`. One that exists is never chowned: it must
+    already belong to `user` and not be writable by group or others, else ApplyError (only its
+    mode is set). Every part below the allowed root is opened without following links, and
+    each existing parent must be owned by root (or us) and not writable by others.
+    """
+    root = safe_root(path)
+    if root is None or os.path.normpath(path) != path:
+        raise ApplyError(f"{path}: not a directory under {', '.join(SAFE_DIR_ROOTS)}: refused")
+    try:
+        pw = pwd.getpwnam(user)
+    except KeyError:
+        raise ApplyError(f"{path}: no user {user!r} on this host") from None
+    euid = os.geteuid()
+    parts = path[len(root) + 1:].split("/")
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)   # the system's own (may be a link: /var/run)
+    except FileNotFoundError:
+        if os.path.dirname(root) != "/var/lib":
+            raise ApplyError(f"{path}: {root} does not exist") from None
+        os.makedirs(root, mode=0o755, exist_ok=True)          # /var/lib/hkgpu-tune, the tool's own
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        done = root
+        for i, name in enumerate(parts):
+            last = i == len(parts) - 1
+            done += "/" + name
+            created = False
+            try:
+                nfd = _open_dir(name, fd, done)
+            except FileNotFoundError:
+                try:
+                    os.mkdir(name, 0o700 if last else 0o755, dir_fd=fd)
+                    created = True
+                except FileExistsError:
+                    pass       # made in between by someone else: checked as an existing one below
+                nfd = _open_dir(name, fd, done)
+            os.close(fd)
+            fd = nfd
+            st = os.fstat(fd)
+            if created:
+                if euid == 0 and last:
+                    os.fchown(fd, pw.pw_uid, pw.pw_gid)
+                os.fchmod(fd, mode if last else 0o755)
+                if last:
+                    return True
+                continue
+            if not last:
+                if not _trusted(st, euid) and not (st.st_uid == 0 and st.st_mode & stat.S_ISVTX):
+                    raise ApplyError(f"{done}: owned by uid {st.st_uid} or writable by others: refused as a "
+                                     f"parent of {path}")
+                continue
+            if st.st_uid != pw.pw_uid or st.st_mode & 0o022:
+                raise ApplyError(f"{path}: exists, owned by {_owner(st.st_uid)} with mode "
+                                 f"{stat.S_IMODE(st.st_mode):04o}; not made by hkgpu-tune, so it is not taken over "
+                                 f"(wanted: owner {user}, not writable by others): remove it or fix it by hand")
+            if stat.S_IMODE(st.st_mode) != mode:
+                os.fchmod(fd, mode)
+            return False
+    except OSError as e:
+        raise ApplyError(f"{path}: {e.strerror}", e.errno) from None
+    finally:
+        os.close(fd)
+    return False
+
+
+def set_dir_mode(path: str, mode: int) -> None:
+    """Put back the mode of a directory (never its owner), without following links."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    except OSError as e:
+        raise ApplyError(f"{path}: {e.strerror}: mode not restored", e.errno) from None
+    try:
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
+def dir_state(path: str) -> str | None:
+    """'0755 user' for a directory, 'link' / 'not a directory' for anything else, None when missing."""
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if stat.S_ISLNK(st.st_mode):
+        return "link"
+    if not stat.S_ISDIR(st.st_mode):
+        return "not a directory"
+    return f"{stat.S_IMODE(st.st_mode):04o} {_owner(st.st_uid)}"
+
+
+def _owner(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 class MpsControl:

@@ -95,22 +95,43 @@ def _match(n) -> Match:
         default_route=mm["default_route"].boolean() if "default_route" in mm else False)
 
 
+MAX_CPU = 8191   # the kernel's largest NR_CPUS
+
+
+def _cpulist(n) -> str:
+    """'local' or a CPU list such as 16-31,48: ranges low to high, CPUs 0-8191."""
+    v = n.string(r"local|[0-9]{1,4}(-[0-9]{1,4})?(,[0-9]{1,4}(-[0-9]{1,4})?)*", "'local' or a CPU list such as 16-31")
+    if v == "local":
+        return v
+    for part in v.split(","):
+        a, _, b = part.partition("-")
+        if int(a) > MAX_CPU or (b and not int(a) <= int(b) <= MAX_CPU):
+            raise n.error(f"expected CPU ranges low-high within 0-{MAX_CPU}, got {part!r}")
+    return v
+
+
 def parse_profile(n) -> AffinityProfile:
     m = n.mapping(("nics", "irqbalance_ban", "services"))
     nics = []
     for item in (m["nics"].items() if "nics" in m else []):
         f = item.mapping(("match", "irq_cpus", "optional"), required=("match",))
-        cpus = "local"
-        if "irq_cpus" in f:
-            raw = str(f["irq_cpus"].value())
-            if raw != "local":
-                cpus = f["irq_cpus"].string(r"[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*", "'local' or a CPU list such as 16-31")
-        nics.append(NicRule(_match(f["match"]), cpus, f["optional"].boolean() if "optional" in f else False, item.line))
-    services = []
+        cpus = _cpulist(f["irq_cpus"]) if "irq_cpus" in f else "local"
+        rule = NicRule(_match(f["match"]), cpus, f["optional"].boolean() if "optional" in f else False, item.line)
+        for other in nics:   # the same match twice: one NIC pinned two ways, or a rule written twice
+            if other.match == rule.match:
+                raise item.error(f"match {rule.match.describe()} is already given at line {other.line}"
+                                 + (f" with irq_cpus {other.irq_cpus} (here {rule.irq_cpus})"
+                                    if other.irq_cpus != rule.irq_cpus else "") + ": one rule per interface")
+        nics.append(rule)
+    services, seen = [], {}
     for item in (m["services"].items() if "services" in m else []):
         s = item.mapping(("name", "gpu"), required=("name", "gpu"))
-        services.append(ServiceRule(s["name"].string(r"[^/\s]{1,15}", "a process name (comm, at most 15 characters)"),
-                                    s["gpu"].integer(0, 63)))
+        rule = ServiceRule(s["name"].string(r"[^/\s]{1,15}", "a process name (comm, at most 15 characters)"),
+                           s["gpu"].integer(0, 63))
+        if rule.name in seen:
+            raise item.error(f"service {rule.name} is already placed at line {seen[rule.name]}: one GPU per service")
+        seen[rule.name] = item.line
+        services.append(rule)
     return AffinityProfile(tuple(nics), m["irqbalance_ban"].boolean() if "irqbalance_ban" in m else False,
                            tuple(services))
 

@@ -19,18 +19,17 @@ the control pipe after start and read back by the health probe.
 from __future__ import annotations
 
 import os
-import pwd
 import re
 import shlex
 from dataclasses import dataclass
 
-from ..backends.mps import CONTROL, mps_env
+from ..backends.mps import CONTROL, SAFE_DIR_ROOTS, dir_state, ensure_dir, mps_env, safe_root, set_dir_mode
 from ..errors import HkError, UnsupportedError
-from ..report import DRIFT, OK, UNSUPPORTED
+from ..report import DRIFT, ERROR, OK, UNSUPPORTED
 from .base import Subsystem
 from .gpu import parse_gpus, select
 
-SIZE_RE = r"[0-9]+[KMGT]?"
+SIZE_RE = r"[0-9]{1,6}[KMGT]?"
 DIR_MODES = {"pipe_dir": 0o755, "log_dir": 0o750}
 
 
@@ -47,10 +46,13 @@ class MpsProfile:
 
 
 def _abs_dir(n):
-    v = n.string(r"/[A-Za-z0-9_./-]*", "an absolute directory path")
-    if "/../" in v + "/" or v.rstrip("/") == "":
-        raise n.error(f"expected an absolute directory path without '..', got {v!r}")
-    return v.rstrip("/")
+    v = n.string(r"/[A-Za-z0-9_./-]{1,255}", "an absolute directory path (letters, digits, '_.-/')")
+    if os.path.normpath(v) != v or "/../" in v + "/" or "/./" in v + "/":
+        raise n.error(f"expected a normalised absolute path (no '..', '.', '//' or trailing '/'), got {v!r}")
+    if safe_root(v) is None:
+        raise n.error(f"{v!r} is not under one of {', '.join(SAFE_DIR_ROOTS)} (MPS directories stay in "
+                      "places meant for a service's runtime, log or state files)")
+    return v
 
 
 def parse_profile(n) -> MpsProfile:
@@ -62,21 +64,31 @@ def parse_profile(n) -> MpsProfile:
     for k in ("pipe_dir", "log_dir"):
         if k in m:
             kw[k] = _abs_dir(m[k])
+    pipe, log = kw.get("pipe_dir", MpsProfile.pipe_dir), kw.get("log_dir", MpsProfile.log_dir)
+    if pipe == log or pipe.startswith(log + "/") or log.startswith(pipe + "/"):
+        where = m.get("log_dir") or m.get("pipe_dir") or n
+        raise where.error(f"pipe_dir {pipe} and log_dir {log} must be separate directories, neither inside "
+                          "the other (they get different modes)")
     if "gpus" in m:
         kw["gpus"] = parse_gpus(m["gpus"])
     if "default_active_thread_percentage" in m:
         kw["default_active_thread_percentage"] = m["default_active_thread_percentage"].integer(1, 100)
     if "default_pinned_mem_limit" in m:
         node = m["default_pinned_mem_limit"]
-        v = node.string(rf"[0-9]+={SIZE_RE}(,[0-9]+={SIZE_RE})*", "device=size pairs such as '0=16G,1=16G'")
+        v = node.string(rf"[0-9]{{1,2}}={SIZE_RE}(,[0-9]{{1,2}}={SIZE_RE})*", "device=size pairs such as '0=16G,1=16G'")
         pairs = tuple((int(d), s) for d, s in (p.split("=") for p in v.split(",")))
         if len({d for d, _ in pairs}) != len(pairs):
             raise node.error("a device is listed twice")
+        gpus = kw.get("gpus")
+        if gpus is not None and max(d for d, _ in pairs) >= len(gpus):
+            # devices are numbered as the MPS clients see them: 0..len(gpus)-1
+            raise node.error(f"device {max(d for d, _ in pairs)} is not one of the {len(gpus)} GPU(s) MPS serves "
+                             f"(gpus at line {m['gpus'].line}; devices count from 0 among them)")
         kw["default_pinned_mem_limit"] = pairs
     if "user" in m:
         kw["user"] = m["user"].string(r"[a-z_][a-z0-9_-]{0,31}", "a user name")
     if "unit" in m:
-        kw["unit"] = m["unit"].string(r"[A-Za-z0-9_.@-]+\.service", "a unit name ending in .service")
+        kw["unit"] = m["unit"].string(r"[A-Za-z0-9_.@-]{1,240}\.service", "a unit name ending in .service")
     return MpsProfile(**kw)
 
 
@@ -108,8 +120,7 @@ def render_unit(cfg: MpsProfile, exe: str = f"/usr/bin/{CONTROL}", gpus=None) ->
         "Type=forking",
         f"User={cfg.user}",
         *[f"Environment={k}={v}" for k, v in env.items()],
-        f"ExecStartPre=+/usr/bin/install -d -m 0755 -o {cfg.user} {q(cfg.pipe_dir)}",
-        f"ExecStartPre=+/usr/bin/install -d -m 0750 -o {cfg.user} {q(cfg.log_dir)}",
+        *_unit_dir_lines(cfg),
         f"ExecStart={exe} -d",
         *[f"ExecStartPost=/bin/sh -c {q(f'echo {c} | {exe}')}" for c in post],
         f"ExecStop=/bin/sh -c {q(f'echo quit | {exe}')}",
@@ -122,25 +133,32 @@ def render_unit(cfg: MpsProfile, exe: str = f"/usr/bin/{CONTROL}", gpus=None) ->
     return "\n".join(lines)
 
 
-def make_dir(path: str, mode: int, user: str) -> None:
-    """Create (or fix) a directory with this mode, owned by `user` when we are root."""
-    os.makedirs(path, mode=mode, exist_ok=True)
-    os.chmod(path, mode)
-    if os.geteuid() == 0:
-        pw = pwd.getpwnam(user)
-        os.chown(path, pw.pw_uid, pw.pw_gid)
+# systemd makes (and owns) a service's directories under these roots; nothing else is chowned
+_UNIT_DIRS = {"/run": ("RuntimeDirectory", "/run"), "/var/run": ("RuntimeDirectory", "/var/run"),
+              "/var/log": ("LogsDirectory", "/var/log"), "/var/lib/hkgpu-tune": ("StateDirectory", "/var/lib")}
 
 
-def dir_state(path: str) -> str | None:
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        return None
-    try:
-        owner = pwd.getpwuid(st.st_uid).pw_name
-    except KeyError:
-        owner = str(st.st_uid)
-    return f"{st.st_mode & 0o7777:04o} {owner}"
+def _unit_dir_lines(cfg: MpsProfile) -> list[str]:
+    """Directory lines of the unit: systemd's own RuntimeDirectory= / LogsDirectory= /
+    StateDirectory= where the directory lies under /run, /var/log or /var/lib/hkgpu-tune; elsewhere
+    (/tmp, /srv) the unit only checks that apply made it, a real directory and not a link."""
+    groups: dict[str, list[tuple[str, int]]] = {}
+    out = []
+    for key, mode in DIR_MODES.items():
+        path = getattr(cfg, key)
+        kind = _UNIT_DIRS.get(safe_root(path) or "")
+        if kind is None:
+            out.append(f"ExecStartPre=/bin/sh -c {shlex.quote(f'test -d {path} && test ! -L {path}')}")
+            continue
+        groups.setdefault(kind[0], []).append((path[len(kind[1]) + 1:], mode))
+    for directive, dirs in groups.items():
+        out.append(f"{directive}={' '.join(d for d, _ in dirs)}")
+        out.append(f"{directive}Mode={dirs[0][1]:04o}")
+        if directive == "RuntimeDirectory":
+            out.append("RuntimeDirectoryPreserve=yes")   # clients keep the pipes across a restart
+        base = {"RuntimeDirectory": "/run", "LogsDirectory": "/var/log", "StateDirectory": "/var/lib"}[directive]
+        out += [f"ExecStartPre=+/bin/chmod {m:04o} {base}/{d}" for d, m in dirs[1:] if m != dirs[0][1]]
+    return out
 
 
 class Plugin(Subsystem):
@@ -200,14 +218,7 @@ class Plugin(Subsystem):
         want_daemon = "running" if c.enabled else "stopped"
         if c.enabled:
             for k, mode in DIR_MODES.items():
-                want = f"{mode:04o} {c.user}"
-                cur = st["dirs"].get(k)
-                if cur == want:
-                    res.append(self.result("mps", k, cur, want, OK, getattr(c, k)))
-                else:
-                    res.append(self.result("mps", k, cur, want, DRIFT, f"{getattr(c, k)}: "
-                                           + ("missing" if cur is None else "mode or owner differs"),
-                                           write=want, data={"path": getattr(c, k), "mode": mode}))
+                res.append(self._cmp_dir(k, mode, st["dirs"].get(k)))
             if st["systemd"]:
                 text = self._unit_text(st)
                 cur = st["unit"]["text"]
@@ -259,13 +270,37 @@ class Plugin(Subsystem):
                                        f"MPS cannot serve a GPU in {mode} mode: set gpu.compute_mode"))
         return res
 
+    def _cmp_dir(self, key, mode, cur):
+        """A missing directory is made (and given to the user); an existing one only has its mode
+        set, and only when it already belongs to the user and no one else can write it."""
+        c = self.cfg
+        path, want = getattr(c, key), f"{mode:04o} {c.user}"
+        if cur == want:
+            return self.result("mps", key, cur, want, OK, path)
+        if cur is None:
+            return self.result("mps", key, cur, want, DRIFT, f"{path}: missing", write=want,
+                               data={"path": path, "mode": mode})
+        if cur in ("link", "not a directory"):
+            return self.result("mps", key, cur, want, ERROR, f"{path}: {cur}: refused (not replaced, not followed)")
+        cur_mode, owner = cur.split()
+        if owner != c.user or int(cur_mode, 8) & 0o022:
+            return self.result("mps", key, cur, want, ERROR,
+                               f"{path}: exists, not made by hkgpu-tune and owned by {owner} or writable by others: "
+                               "not taken over (remove it or fix it by hand)")
+        return self.result("mps", key, cur, want, DRIFT, f"{path}: mode differs", write=want,
+                           data={"path": path, "mode": mode})
+
     # ------------------------------------------------------------ write
     def write(self, target, key, value, data):
         c = self.cfg
         if key in DIR_MODES:
-            if value is not None:  # restore: the old mode and owner; a directory we created stays (logs)
-                mode, owner = value.split()
-                make_dir(data["path"], int(mode, 8), owner if not owner.isdigit() else c.user)
+            if value is None:      # restore of a directory apply made: it stays (logs)
+                return
+            mode, owner = value.split()
+            if value == f"{data['mode']:04o} {c.user}":
+                ensure_dir(data["path"], data["mode"], c.user)
+            else:                  # restore: the old mode only; the owner was never changed
+                set_dir_mode(data["path"], int(mode, 8))
             return
         if key == "unit":
             self.b.systemd.write_unit(data["unit"], value if value not in (None, "differs") else data.get("old"))
@@ -291,7 +326,7 @@ class Plugin(Subsystem):
         if not self.mps.binary():
             raise UnsupportedError(f"{CONTROL} not found (NVIDIA driver utilities not installed)")
         for k, mode in DIR_MODES.items():
-            make_dir(getattr(c, k), mode, c.user)
+            ensure_dir(getattr(c, k), mode, c.user)
         if use_systemd is None:
             use_systemd = self.b.systemd.available()
         if use_systemd:

@@ -95,7 +95,11 @@ def test_render_unit():
     u = render_unit(cfg, "/usr/bin/nvidia-cuda-mps-control", cfg.gpus)
     assert "Type=forking" in u and "User=mps" in u
     assert "Environment=CUDA_VISIBLE_DEVICES=0,1" in u and "Environment=CUDA_DEVICE_ORDER=PCI_BUS_ID" in u
-    assert "ExecStartPre=+/usr/bin/install -d -m 0755 -o mps /run/nvidia-mps" in u
+    # systemd makes the service's own directories; nothing is chowned by a command line
+    assert "RuntimeDirectory=nvidia-mps\nRuntimeDirectoryMode=0755" in u
+    assert "LogsDirectory=nvidia-mps\nLogsDirectoryMode=0750" in u and "install -d" not in u
+    tmp = profile("mps:\n  pipe_dir: /tmp/mps/pipe\n  log_dir: /tmp/mps/log\n").section("mps")
+    assert "ExecStartPre=/bin/sh -c 'test -d /tmp/mps/pipe && test ! -L /tmp/mps/pipe'" in render_unit(tmp)
     assert "ExecStart=/usr/bin/nvidia-cuda-mps-control -d" in u
     assert "ExecStartPost=/bin/sh -c 'echo set_default_active_thread_percentage 25 | /usr/bin/nvidia-cuda-mps-control'" in u
     assert "ExecStartPost=/bin/sh -c 'echo set_default_device_pinned_mem_limit 1 8G | /usr/bin/nvidia-cuda-mps-control'" in u
@@ -128,6 +132,12 @@ def test_mps_profile_errors():
         profile("mps:\n  enabled: true\n  default_pinned_mem_limit: 16G\n")
     with pytest.raises(ProfileError, match="mps.pipe_dir: expected an absolute directory path"):
         profile("mps:\n  pipe_dir: relative/dir\n")
+    with pytest.raises(ProfileError, match="test.yaml:2: mps.pipe_dir: '/etc/mps' is not under one of /run"):
+        profile("mps:\n  pipe_dir: /etc/mps\n")
+    with pytest.raises(ProfileError, match="mps.log_dir: pipe_dir /run/m and log_dir /run/m/log must be separate"):
+        profile("mps:\n  pipe_dir: /run/m\n  log_dir: /run/m/log\n")
+    with pytest.raises(ProfileError, match="test.yaml:3: mps.default_pinned_mem_limit: device 1 is not one of the 1"):
+        profile("mps:\n  gpus: [3]\n  default_pinned_mem_limit: '0=8G,1=8G'\n")
     with pytest.raises(ProfileError, match="mps.default_active_thread_percentage: expected an integer 1-100"):
         profile("mps:\n  default_active_thread_percentage: 150\n")
 
