@@ -16,7 +16,7 @@ import shlex
 import time
 
 from ..errors import HkError
-from .context import EXIT_ERROR, EXIT_OK, Context
+from .context import EXIT_ERROR, EXIT_OK, Context, nonempty
 
 
 def add_parser(sub) -> None:
@@ -31,7 +31,7 @@ def add_parser(sub) -> None:
             ("command", "print the argv of the service (binary or container form)", run_command),
             ("build", "build TensorRT plans from ONNX with trtexec (cached)", run_build)):
         q = tsub.add_parser(name, help=helptext)
-        q.add_argument("--profile", "-p", help="profile file with a triton: section")
+        q.add_argument("--profile", "-p", type=nonempty, help="profile file with a triton: section")
         q.add_argument("--json", action="store_true", help="machine-readable output")
         if name == "start":
             q.add_argument("--no-gate", action="store_true", help="do not run the gate after ready")
@@ -115,7 +115,7 @@ def run_build(ctx: Context) -> int:
     t = _section(ctx)
     b = _backends()
     try:
-        out = [tensorrt.build_model(t, m, b) for m in t.models if m.build]
+        out = [tensorrt.build_model(t, m, b) for m in t.models if m.build and m.engine == "tensorrt"]
     finally:
         b.close()
     _out(ctx, {"plans": [o.__dict__ for o in out]}, "\n".join(o.line() for o in out) or "no model has a build: section")

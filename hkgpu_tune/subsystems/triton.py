@@ -23,6 +23,7 @@ Profile (every key but models optional; addresses default to loopback)::
 from __future__ import annotations
 
 import os
+import shutil
 import re
 from dataclasses import dataclass, field
 
@@ -48,8 +49,9 @@ class Endpoint:
 
 @dataclass(frozen=True)
 class Build:
-    """ONNX -> TensorRT plan with trtexec."""
-    onnx: str
+    """How the served engine is made: ONNX -> TensorRT plan with trtexec, or (no TensorRT) a
+    torchvision model run by torch in fp16 with CUDA graphs, served by the Python backend."""
+    onnx: str | None = None
     fp16: bool = True
     int8: bool = False
     calibration_cache: str | None = None
@@ -57,6 +59,11 @@ class Build:
     opt_batch: int | None = None
     max_batch: int | None = None
     workspace_mib: int | None = None
+    torchvision: str | None = None     # the torch engine's model (random weights)
+    engine: str = "auto"               # auto | tensorrt | torch
+    cuda_graphs: bool = True
+    channels_last: bool = True
+    image_size: int = 224
 
 
 @dataclass(frozen=True)
@@ -67,6 +74,8 @@ class Model:
     build: Build | None = None
     version: int = 1
     line: int = 0
+    engine: str = ""               # tensorrt | torch | "" (the model is served as given)
+    engine_reason: str = ""
 
     @property
     def backend(self) -> str:
@@ -163,9 +172,11 @@ def _plain(n, key: str = ""):
 
 def _build(n, base: str) -> Build:
     m = n.mapping(("onnx", "fp16", "int8", "calibration_cache", "min_batch", "opt_batch", "max_batch",
-                   "workspace_mib"), required=("onnx",))
+                   "workspace_mib", "torchvision", "engine", "cuda_graphs", "channels_last", "image_size"))
+    if "onnx" not in m and "torchvision" not in m:
+        raise n.error("give 'onnx' (built into a TensorRT plan) or 'torchvision' (the torch engine), or both")
     b = Build(
-        onnx=_path(m["onnx"], base),
+        onnx=_path(m["onnx"], base) if "onnx" in m else None,
         fp16=m["fp16"].boolean() if "fp16" in m else True,
         int8=m["int8"].boolean() if "int8" in m else False,
         calibration_cache=_path(m["calibration_cache"], base) if "calibration_cache" in m else None,
@@ -173,10 +184,56 @@ def _build(n, base: str) -> Build:
         opt_batch=m["opt_batch"].integer(1, 1 << 16) if "opt_batch" in m else None,
         max_batch=m["max_batch"].integer(1, 1 << 16) if "max_batch" in m else None,
         workspace_mib=m["workspace_mib"].integer(1, 1 << 20) if "workspace_mib" in m else None,
+        torchvision=m["torchvision"].string(r"[a-z][a-z0-9_]{0,63}", "a torchvision model name, e.g. resnet50")
+        if "torchvision" in m else None,
+        engine=m["engine"].choice(("auto", "tensorrt", "torch")) if "engine" in m else "auto",
+        cuda_graphs=m["cuda_graphs"].boolean() if "cuda_graphs" in m else True,
+        channels_last=m["channels_last"].boolean() if "channels_last" in m else True,
+        image_size=m["image_size"].integer(16, 4096) if "image_size" in m else 224,
     )
     if b.int8 and not b.calibration_cache:
         raise m["int8"].error("int8 needs a calibration_cache (the file trtexec --calib reads)")
+    if b.engine == "tensorrt" and not b.onnx:
+        raise m["engine"].error("engine tensorrt needs 'onnx' (the network trtexec builds from)")
+    if b.engine == "torch" and not b.torchvision:
+        raise m["engine"].error("engine torch needs 'torchvision' (the model torch runs)")
+    if b.onnx and not os.path.isfile(b.onnx):
+        raise m["onnx"].error(f"no such file: {b.onnx}")
     return b
+
+
+TORCH_MODEL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "triton", "torch_model.py")
+
+
+def choose_engine(build: Build, trtexec: str | None) -> tuple[str, str]:
+    """(tensorrt | torch, why): TensorRT where it exists and an ONNX is given, else torch."""
+    if build.engine == "tensorrt":
+        return "tensorrt", "asked for (engine: tensorrt)"
+    if build.engine == "torch":
+        return "torch", "asked for (engine: torch)"
+    if build.onnx and trtexec:
+        return "tensorrt", f"trtexec found at {trtexec}"
+    if build.torchvision:
+        return "torch", "trtexec not found" if build.onnx else "no onnx to build a TensorRT plan from"
+    return "tensorrt", "no torchvision model for the torch engine"
+
+
+def _trtexec() -> str | None:
+    return shutil.which("trtexec") or next(
+        (p for p in ("/usr/src/tensorrt/bin/trtexec", "/opt/tensorrt/bin/trtexec") if os.access(p, os.X_OK)), None)
+
+
+def _torch_config(config: dict, b: Build) -> dict:
+    """The config of a torch-engine model: the Python backend, the engine's settings as parameters."""
+    out = {k: v for k, v in config.items() if k not in ("platform", "backend")}
+    out["backend"] = "python"
+    params = dict(out.get("parameters", {}))
+    for k, v in (("torchvision", b.torchvision), ("fp16", str(b.fp16).lower()),
+                 ("channels_last", str(b.channels_last).lower()), ("cuda_graphs", str(b.cuda_graphs).lower()),
+                 ("image_size", str(b.image_size))):
+        params.setdefault(k, {"string_value": v})
+    out["parameters"] = params
+    return out
 
 
 def _model(item, base: str) -> Model:
@@ -198,22 +255,25 @@ def _model(item, base: str) -> Model:
                 raise node.error(f"'{key}' is set twice (also outside config:)")
             config[key] = _plain(node, key)
             nodes[(key,)] = node
+    build = _build(m["build"], base) if "build" in m else None
+    engine, why = choose_engine(build, _trtexec()) if build else ("", "")
+    if engine == "torch":
+        if "model_file" in m:
+            raise m["model_file"].error("the torch engine brings its own model.py: drop model_file or build")
+        config = _torch_config(config, build)
     config = render.check_config(config, nodes, item)
-    model_file = None
+    model_file = TORCH_MODEL if engine == "torch" else None
     if "model_file" in m:
         model_file = _path(m["model_file"], base)
         if not os.path.isfile(model_file):
             raise m["model_file"].error(f"no such file: {model_file}")
-    build = _build(m["build"], base) if "build" in m else None
-    if build and not os.path.isfile(build.onnx):
-        raise m["build"].error(f"build.onnx: no such file: {build.onnx}")
     backend = config.get("backend") or config.get("platform")
     if backend == "python" and not model_file:
         raise item.error("a python-backend model needs 'model_file' (its model.py)")
     if backend not in ("python",) and not model_file and not build:
         raise item.error(f"platform {backend}: give 'model_file' (the model to serve) or 'build' (an ONNX to build)")
     return Model(name, config, model_file, build, m["version"].integer(1, 1 << 30) if "version" in m else 1,
-                 item.line)
+                 item.line, engine, why)
 
 
 def _gate(n) -> Gate:
@@ -297,6 +357,20 @@ def parse_profile(node) -> Triton:
 
 
 # ---------------------------------------------------------------- verify / apply
+def engine_facts(m: Model) -> dict:
+    """Which engine a built model runs and why; what it needs that this host lacks."""
+    import importlib.util
+    out = {"engine": m.engine, "why": m.engine_reason}
+    if m.engine == "torch":
+        out["detail"] = (f"{m.build.torchvision}, {'fp16' if m.build.fp16 else 'fp32'}"
+                         f"{', channels_last' if m.build.channels_last else ''}"
+                         f"{', CUDA graphs' if m.build.cuda_graphs else ''}")
+        missing = [p for p in ("torch", "torchvision") if importlib.util.find_spec(p) is None]
+        if missing:
+            out["missing"] = f"the torch engine needs {' and '.join(missing)}, not installed"
+    return out
+
+
 class Plugin(Subsystem):
     """Results: the rendered repository (fixable: re-render), the service (fixable: start),
     server and model readiness, the served config of each model against the profile, metrics."""
@@ -310,7 +384,8 @@ class Plugin(Subsystem):
     def read(self) -> dict:
         from ..triton import client, launch, render
         t = self.t
-        state = {"repository": render.repository_state(t), "service": launch.status(t, self.b)}
+        state = {"repository": render.repository_state(t), "service": launch.status(t, self.b),
+                 "engines": {m.name: engine_facts(m) for m in t.models if m.engine}}
         if launch.supervisor(t, self.b) == "systemd":
             state["unit"] = {k: v for k, v in launch.unit_state(t, self.b).items() if k != "text"}
         if state["service"]["active"]:
@@ -330,6 +405,9 @@ class Plugin(Subsystem):
     def compare(self, state: dict):
         from ..triton import render
         t, res = self.t, []
+        for name, e in state.get("engines", {}).items():
+            res.append(self.result(name, "engine", e["engine"], e["engine"], UNSUPPORTED if e.get("missing") else OK,
+                                   e.get("missing") or ", ".join(x for x in (e.get("detail"), e["why"]) if x)))
         for name, st in state["repository"].items():
             if st.get("unsupported"):
                 res.append(self.result(name, "repository", st["current"], st["desired"], UNSUPPORTED,

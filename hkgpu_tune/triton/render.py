@@ -258,7 +258,7 @@ def model_state(t, model) -> dict:
         reasons.append(f"{model.version}/{fname} differs from {model.model_file}")
     current = "absent" if have_cfg is None and have_file is None else f"{have_cfg or '-'}/{have_file or '-'}"
     out = {"current": current, "desired": f"{want_cfg}/{want_file}", "reason": "; ".join(reasons)}
-    if model.build and have_file is None:
+    if model.build and model.engine == "tensorrt" and have_file is None:
         from . import tensorrt
         if tensorrt.trtexec_path() is None:
             out["unsupported"] = tensorrt.TRTEXEC_MISSING
