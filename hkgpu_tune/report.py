@@ -102,8 +102,10 @@ def to_json(results, extra=None) -> str:
 
 
 def print_table(results, console=None, title="verify") -> None:
+    """Values go in as rich Text: a '[red]' in a profile value or a device name is printed as is."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     console = console or Console()
     colours = {OK: "green", DRIFT: "yellow", UNSUPPORTED: "magenta", ERROR: "red"}
@@ -111,32 +113,33 @@ def print_table(results, console=None, title="verify") -> None:
     for r in results:
         by_sub.setdefault(r.subsystem, []).append(r)
     for sub, rows in by_sub.items():
-        t = Table(title=f"{title}: {sub}", title_justify="left")
+        t = Table(title=Text(f"{title}: {sub}"), title_justify="left")
         for col in ("target", "key", "current", "desired", "status", "reason"):
             t.add_column(col, overflow="fold")
         for r in rows:
             st = r.status if r.required or r.status != UNSUPPORTED else f"{r.status} (optional)"
-            t.add_row(r.target, r.key, _fmt(r.current), _fmt(r.desired),
-                      f"[{colours[r.status]}]{st}[/]", r.reason)
+            t.add_row(Text(str(r.target)), Text(str(r.key)), Text(_fmt(r.current)), Text(_fmt(r.desired)),
+                      Text(st, style=colours.get(r.status, "")), Text(str(r.reason)))
         console.print(t)
-    console.print(summary(results))
+    console.print(Text(summary(results)))
 
 
 def print_changes(changes, results=(), console=None, title="plan") -> None:
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     console = console or Console()
-    t = Table(title=title, title_justify="left")
+    t = Table(title=Text(title), title_justify="left")
     for col in ("subsystem", "target", "key", "current", "desired"):
         t.add_column(col, overflow="fold")
     for c in changes:
-        t.add_row(c.subsystem, c.target, c.key, _fmt(c.current), _fmt(c.desired))
+        t.add_row(*(Text(str(v)) for v in (c.subsystem, c.target, c.key)), Text(_fmt(c.current)), Text(_fmt(c.desired)))
     console.print(t)
     skipped = [r for r in results if r.status in (UNSUPPORTED, ERROR)]
     for r in skipped:
-        console.print(f"[magenta]{r.status}[/] {r.subsystem} {r.target} {r.key}: {r.reason}")
-    console.print(f"{len(changes)} change(s), {len(skipped)} not applicable")
+        console.print(Text.assemble((r.status, "magenta"), f" {r.subsystem} {r.target} {r.key}: {r.reason}"))
+    console.print(Text(f"{len(changes)} change(s), {len(skipped)} not applicable"))
 
 
 def escape(s: str) -> str:

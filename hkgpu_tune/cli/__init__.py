@@ -1,18 +1,30 @@
 """hkgpu-tune facts | plan | apply | verify | rollback | mps | placement | triton | rack.
 
-Exit codes: 0 ok, 1 error, 2 drift. Each command group is one module here with add_parser(sub);
-each command sets `run`, a function of the shared Context returning the exit code."""
+Exit codes: 0 ok, 1 error (usage errors included), 2 drift. Each command group is one module here
+with add_parser(sub); each command sets `run`, a function of the shared Context returning the exit code."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from .. import __version__, rack
 from ..errors import HkError
-from . import core, gpu, triton
+from . import core, gpu, stdio, triton
 from .context import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, Context
 
-__all__ = ["main", "run", "parser", "EXIT_OK", "EXIT_ERROR", "EXIT_DRIFT"]
+__all__ = ["main", "run", "parser", "EXIT_OK", "EXIT_ERROR", "EXIT_DRIFT", "UsageError"]
+
+
+class UsageError(HkError):
+    pass
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse exits 2 on a usage error, and 2 means drift here: raise instead (main exits 1)."""
+
+    def error(self, message):
+        raise UsageError(f"{message} (see {self.prog} --help)")
 
 
 def _run_rack(ctx: Context) -> int:
@@ -20,9 +32,9 @@ def _run_rack(ctx: Context) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="hkgpu-tune", description="Tune, verify and roll back GPU inference hosts.")
+    ap = Parser(prog="hkgpu-tune", description="Tune, verify and roll back GPU inference hosts.")
     ap.add_argument("--version", action="version", version=f"hkgpu-tune {__version__}")
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
     core.add_parser(sub)
     gpu.add_parser(sub)
     triton.add_parser(sub)
@@ -40,20 +52,37 @@ def run(argv=None) -> int:
         ctx.close()
 
 
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split("\n")) or type(e).__name__
+
+
 def main(argv=None) -> None:
+    out = stdio.install()
     try:
         code = run(argv)
     except HkError as e:
-        print(f"hkgpu-tune: error: {e}", file=sys.stderr)
+        print(f"hkgpu-tune: error: {_one_line(e)}", file=sys.stderr)
         code = EXIT_ERROR
     except KeyboardInterrupt:
+        print("hkgpu-tune: interrupted", file=sys.stderr)
         code = 130
+    except SystemExit as e:  # --help and --version print and exit 0
+        code = e.code if isinstance(e.code, int) else EXIT_ERROR
     except OSError as e:  # an answer from the kernel we did not map: one line, keep the errno
-        print(f"hkgpu-tune: error: {e.__class__.__name__}: {e}", file=sys.stderr)
+        print(f"hkgpu-tune: error: {e.__class__.__name__}: {_one_line(e)}", file=sys.stderr)
         code = EXIT_ERROR
-    except Exception as e:  # noqa: BLE001 - pyroute2's NetlinkError is not an OSError
-        if type(e).__name__ != "NetlinkError":
-            raise
-        print(f"hkgpu-tune: error: netlink: {e}", file=sys.stderr)
+    except Exception as e:  # noqa: BLE001 - the last line of defence: one line, exit 1
+        if type(e).__name__ == "NetlinkError":  # pyroute2's NetlinkError is not an OSError
+            print(f"hkgpu-tune: error: netlink: {_one_line(e)}", file=sys.stderr)
+        else:
+            if os.environ.get("HKGPU_TUNE_DEBUG") == "1":
+                import traceback
+                traceback.print_exc()
+            print(f"hkgpu-tune: internal error: {type(e).__name__}: {_one_line(e)}"
+                  + ("" if os.environ.get("HKGPU_TUNE_DEBUG") == "1" else " (HKGPU_TUNE_DEBUG=1 shows the traceback)"),
+                  file=sys.stderr)
         code = EXIT_ERROR
+    out.flush()
+    if out.lost == stdio.CLOSED and out.dropped:
+        print("hkgpu-tune: warning: standard output is closed; the report was not printed", file=sys.stderr)
     sys.exit(code)

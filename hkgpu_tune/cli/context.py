@@ -1,10 +1,25 @@
 """What every command shares: the parsed arguments, and the profile, engine and console made on first use."""
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
 EXIT_OK, EXIT_ERROR, EXIT_DRIFT = 0, 1, 2
+
+
+def nonempty(value: str) -> str:
+    """argparse type: '' (say, an unset shell variable) must not quietly mean the default."""
+    if not value.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return value
+
+
+def subsystem_list(value: str) -> list[str]:
+    names = [s.strip() for s in value.split(",") if s.strip()]
+    if not names:
+        raise argparse.ArgumentTypeError(f"expected comma-separated subsystem names, got {value!r}")
+    return names
 
 
 class Context:
@@ -19,8 +34,7 @@ class Context:
         return bool(getattr(self.args, "json", False))
 
     def only(self):
-        only = getattr(self.args, "only", None)
-        return [s.strip() for s in only.split(",") if s.strip()] if only else None
+        return getattr(self.args, "only", None)  # a list from subsystem_list, or None
 
     @property
     def profile(self):
@@ -45,6 +59,14 @@ class Context:
             wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
             self._console = Console(stderr=False, soft_wrap=False, width=200 if wide else None)
         return self._console
+
+    def line(self, *parts) -> None:
+        """One line of plain text and (text, style) pairs; values are never read as rich markup."""
+        if self.json:
+            print("".join(p if isinstance(p, str) else p[0] for p in parts))
+            return
+        from rich.text import Text
+        self.console.print(Text.assemble(*parts))
 
     def close(self) -> None:
         if self._engine is not None:

@@ -5,14 +5,16 @@ import json
 import os
 import sys
 
-from .context import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, Context
+from .context import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, Context, nonempty, subsystem_list
 
 
 def _common(p) -> None:
-    p.add_argument("--profile", "-p", help="profile file or shipped profile name (default: hk-inference)")
-    p.add_argument("--only", help="comma-separated subsystems (sysctl,link,ethtool,qdisc,gpu,mps,affinity,triton)")
+    p.add_argument("--profile", "-p", type=nonempty,
+                   help="profile file or shipped profile name (default: hk-inference)")
+    p.add_argument("--only", type=subsystem_list,
+                   help="comma-separated subsystems (sysctl,link,ethtool,qdisc,gpu,mps,affinity,triton)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--state-dir", help="where apply keeps the originals (default /var/lib/hkgpu-tune)")
+    p.add_argument("--state-dir", type=nonempty, help="where apply keeps the originals (default /var/lib/hkgpu-tune)")
 
 
 def add_parser(sub) -> None:
@@ -30,6 +32,8 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run_verify)
     p = sub.add_parser("rollback", help="restore the saved originals")
     _common(p)
+    p.add_argument("--forget", action="store_true",
+                   help="drop the saved originals of targets that are gone (a removed NIC) instead of keeping them")
     p.set_defaults(run=run_rollback)
     p = sub.add_parser("apply", help="apply the profile (originals saved first)")
     _common(p)
@@ -100,10 +104,10 @@ def run_apply(ctx: Context) -> int:
         con = ctx.console
         report.print_changes(rep.changes, (), con, title="applied" if not rep.error else "attempted")
         if rep.error:
-            con.print(f"[red]error:[/] {rep.error}" + (" (rolled back)" if rep.rolled_back else ""))
+            ctx.line(("error:", "red"), f" {rep.error}" + (" (rolled back)" if rep.rolled_back else ""))
         else:
             for p in persisted:
-                con.print(f"persisted: {p}")
+                ctx.line(f"persisted: {p}")
             report.print_table(rep.results, con)
     if rep.error:
         return EXIT_ERROR
@@ -120,20 +124,21 @@ def run_rollback(ctx: Context) -> int:
         # rollback needs only the saved originals: a broken profile must not block it
         print(f"hkgpu-tune: warning: {e} (rolling back from the state file alone)", file=sys.stderr)
         ctx._profile = Profile(path="(none)")
-    eng = ctx.engine
-    restored, errs = eng.rollback()
-    files = unpersist(eng.state.dir)
+    eng, only = ctx.engine, ctx.only()
+    restored, errs = eng.rollback(only=only, forget=ctx.args.forget)
+    # persisted files are not per subsystem: only a whole rollback removes them
+    files = unpersist(eng.state.dir) if not only else []
     if ctx.json:
         print(json.dumps({"restored": [c.to_dict() for c in restored], "files": files, "errors": errs},
                          indent=2, default=str))
     else:
-        con = ctx.console
         for f in files:
-            con.print(f)
+            ctx.line(f)
         if not restored and not files:
-            con.print(f"nothing to roll back (no saved originals in {eng.state.dir})")
+            ctx.line(f"nothing to roll back (no saved originals in {eng.state.dir}"
+                     + (f" for {','.join(only)})" if only else ")"))
         for c in reversed(restored):
-            con.print(f"restored {c.subsystem} {c.target} {c.key} = {c.current}")
+            ctx.line(f"restored {c.subsystem} {c.target} {c.key} = {c.current}")
         for e in errs:
-            con.print(f"[red]error:[/] {e}")
+            ctx.line(("error:", "red"), f" {e}")
     return EXIT_ERROR if errs else EXIT_OK

@@ -4,13 +4,13 @@ from __future__ import annotations
 import json
 
 from ..errors import HkError
-from .context import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, Context
+from .context import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, Context, nonempty
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("mps", help="start, stop or probe the CUDA MPS control daemon of the profile")
     p.add_argument("action", choices=("start", "stop", "status"))
-    p.add_argument("--profile", "-p", help="profile file or shipped profile name (its mps: section)")
+    p.add_argument("--profile", "-p", type=nonempty, help="profile file or shipped profile name (its mps: section)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--direct", action="store_true", help="start/stop the daemon directly even where systemd runs")
     p.set_defaults(run=run_mps)
