@@ -107,6 +107,8 @@ def check_tree(root: yaml.Node, file: str) -> None:
         if isinstance(node, yaml.ScalarNode):
             if len(node.value) > MAX_SCALAR:
                 raise err(node, path, f"a value longer than {MAX_SCALAR} characters")
+            if node.tag == "tag:yaml.org,2002:int" and len(node.value) > 100:
+                raise err(node, path, "an integer out of range (more than 64 bits)")
             bad = _BAD_CHAR.search(node.value)
             if bad:
                 raise err(node, path, f"contains the control character {bad.group()!r} "
@@ -544,6 +546,29 @@ def parse_profile_text(text: str, file: str = "<profile>") -> Profile:
         if key in SECTIONS and not node.is_null():
             prof.sections[key] = _parser(key)(node)
     return prof
+
+
+def load_yaml_doc(text: str, file: str):
+    """Plain data (dicts, lists, scalars) from YAML text, with the same limits and refusals as a
+    profile (size, depth, aliases, tags, control characters) but no section schema: for tools
+    that merge into a profile before it is parsed as a whole."""
+    if len(text) > MAX_BYTES:
+        raise ProfileError(f"{file}: larger than {MAX_BYTES} bytes: not a profile")
+    try:
+        loader = _Loader(text)
+        try:
+            root = loader.get_single_node()
+            if root is None:
+                return None
+            check_tree(root, file)
+            return loader.construct_document(root)
+        finally:
+            loader.dispose()
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        raise ProfileError(f"{file}:{mark.line + 1 if mark else 0}: not valid YAML: {e.problem or e}") from None
+    except yaml.YAMLError as e:
+        raise ProfileError(f"{file}: not valid YAML: {e}") from None
 
 
 def read_profile_file(path: str | os.PathLike) -> str:

@@ -7,23 +7,17 @@ import yaml
 
 from simrack import REPO
 
+from hkgpu_tune.converge import merge_sections
 from hkgpu_tune.errors import ProfileError
 from hkgpu_tune.rack import HostResult, handle_event
 
-spec = importlib.util.spec_from_file_location("hkgpu_module", os.path.join(REPO, "roles", "hkgpu", "library", "hkgpu.py"))
-mod = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(mod)
-
-
-def params(tmp_path, profile, **kw):
-    return {"profile": profile, "profile_path": str(tmp_path / "node.yaml"), "only": None, "state": "applied",
-            "state_dir": str(tmp_path / "state"), "persist": False, "files": [], "fail_on_drift": True, **kw}
+MODULE = os.path.join(REPO, "roles", "hkgpu", "library", "hkgpu.py")
 
 
 def test_sections_merge_into_the_node_profile_and_keep_the_others(tmp_path):
     (tmp_path / "node.yaml").write_text(yaml.safe_dump({"name": "node", "sysctl": {"net.ipv4.tcp_mtu_probing": 1}}))
     net = {"network": {"interfaces": [{"match": {"name": "eth9"}, "mtu": 9000}]}}
-    prof, text, old, only = mod._node_profile(params(tmp_path, net))
+    prof, text, old, only = merge_sections(net, str(tmp_path / "node.yaml"))
     doc = yaml.safe_load(text)
     assert doc["sysctl"] == {"net.ipv4.tcp_mtu_probing": 1} and doc["network"] == net["network"]
     assert prof.network.interfaces[0].mtu == 9000 and [s.key for s in prof.sysctl] == ["net.ipv4.tcp_mtu_probing"]
@@ -32,17 +26,28 @@ def test_sections_merge_into_the_node_profile_and_keep_the_others(tmp_path):
 
 def test_an_empty_section_removes_it(tmp_path):
     (tmp_path / "node.yaml").write_text(yaml.safe_dump({"name": "node", "sysctl": {"net.ipv4.tcp_mtu_probing": 1}}))
-    _, text, _, only = mod._node_profile(params(tmp_path, {"sysctl": {}}))
+    _, text, _, only = merge_sections({"sysctl": {}}, str(tmp_path / "node.yaml"))
     assert "sysctl" not in yaml.safe_load(text) and only == []
 
 
 def test_a_bad_section_names_file_line_and_key_and_writes_nothing(tmp_path):
     bad = {"network": {"interfaces": [{"match": {"name": "eth9"}, "mtu": 90000}]}}
     with pytest.raises(ProfileError) as e:
-        mod._node_profile(params(tmp_path, bad))
+        merge_sections(bad, str(tmp_path / "node.yaml"))
     assert f"{tmp_path}/node.yaml:" in str(e.value)
     assert "network.interfaces[0].mtu: expected an integer 68-65535, got 90000" in str(e.value)
     assert "nothing written" in str(e.value) and not (tmp_path / "node.yaml").exists()
+
+
+def test_the_module_is_a_thin_shell():
+    """Argument spec -> converge -> exit_json / fail_json: no merge, plan or file writing of its own."""
+    spec = importlib.util.spec_from_file_location("hkgpu_module", MODULE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    funcs = sorted(n for n, v in vars(mod).items() if callable(v) and getattr(v, "__module__", "") == "hkgpu_module")
+    assert funcs == ["main", "run"]
+    src = open(MODULE).read()
+    assert "converge(" in src and "open(" not in src and "os.replace" not in src and "Engine" not in src
 
 
 def test_events_fold_into_per_host_results():
