@@ -11,7 +11,9 @@ import time
 from ..errors import ApplyError, HkError, UnsupportedError
 
 TC_H_ROOT = 0xFFFFFFFF
+RTN_UNICAST, RTN_LOCAL = 1, 2
 CLONE_NEWNET = 0x40000000
+IFF_UP = 0x1
 PCI_ADDR = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 
 
@@ -89,28 +91,41 @@ class Net:
         return [dict(x) for x in self._links]
 
     def _read_links(self) -> list[dict]:
-        out = []
         default = self.default_oif()
-        for msg in self.ip.get_links():
-            name = msg.get_attr("IFLA_IFNAME")
-            if name == "lo":
-                continue
-            info = msg.get_attr("IFLA_LINKINFO")
-            kind = info.get_attr("IFLA_INFO_KIND") if info else None
-            dev = f"/sys/class/net/{name}/device"
-            driver = pci = None
-            if os.path.exists(dev):
-                drv = os.path.realpath(dev + "/driver")
-                driver = os.path.basename(drv) if os.path.exists(drv) else None
-                base = os.path.basename(os.path.realpath(dev))
-                pci = base if PCI_ADDR.match(base) else None
-            out.append({
-                "name": name, "index": msg["index"], "mac": (msg.get_attr("IFLA_ADDRESS") or "").lower(),
-                "mtu": msg.get_attr("IFLA_MTU"), "driver": driver or kind, "kind": kind, "pci": pci,
-                "state": msg.get_attr("IFLA_OPERSTATE"), "tx_queues": msg.get_attr("IFLA_NUM_TX_QUEUES") or 1,
-                "default_route": msg["index"] == default,
-            })
-        return out
+        return [d for d in (self._link_dict(m, default) for m in self.ip.get_links()) if d["name"] != "lo"]
+
+    def link(self, name: str) -> dict | None:
+        """The device of this name in this namespace, read now (not from the cache); None if gone."""
+        try:
+            msgs = self.ip.link("get", ifname=name)
+        except Exception as e:  # noqa: BLE001 - ENODEV is an answer
+            if _nl_errno(e) in (errno.ENODEV, errno.ENOENT) or "No such device" in str(e):
+                return None
+            raise _wrap(e, f"{name}: read link") from None
+        return self._link_dict(msgs[0], self.default_oif()) if msgs else None
+
+    @staticmethod
+    def _link_dict(msg, default) -> dict:
+        name = msg.get_attr("IFLA_IFNAME")
+        info = msg.get_attr("IFLA_LINKINFO")
+        kind = info.get_attr("IFLA_INFO_KIND") if info else None
+        dev = f"/sys/class/net/{name}/device"
+        driver = pci = None
+        if os.path.exists(dev):
+            drv = os.path.realpath(dev + "/driver")
+            driver = os.path.basename(drv) if os.path.exists(drv) else None
+            base = os.path.basename(os.path.realpath(dev))
+            pci = base if PCI_ADDR.match(base) else None
+        perm = (msg.get_attr("IFLA_PERM_ADDRESS") or "").lower()
+        return {
+            "name": name, "index": msg["index"], "mac": (msg.get_attr("IFLA_ADDRESS") or "").lower(),
+            # ethtool's permanent address; none on veth and other virtual links
+            "perm_mac": perm if perm.strip("0:") else None,
+            "mtu": msg.get_attr("IFLA_MTU"), "driver": driver or kind, "kind": kind, "pci": pci,
+            "state": msg.get_attr("IFLA_OPERSTATE"), "up": bool(msg["flags"] & IFF_UP),
+            "tx_queues": msg.get_attr("IFLA_NUM_TX_QUEUES") or 1,
+            "default_route": msg["index"] == default,
+        }
 
     @staticmethod
     def tx_queues(link: dict) -> int:
@@ -138,18 +153,23 @@ class Net:
 
     def gateways(self, index: int) -> list[str]:
         gws = []
-        for r in self.ip.get_routes(family=socket.AF_INET, oif=index):
-            gw = r.get_attr("RTA_GATEWAY")
-            if gw and gw not in gws:
-                gws.append(gw)
+        for fam in (socket.AF_INET, socket.AF_INET6):
+            for r in self.ip.get_routes(family=fam, oif=index):
+                gw = r.get_attr("RTA_GATEWAY")
+                if gw and gw not in gws and not gw.startswith("fe80:"):
+                    gws.append(gw)
         return gws
 
-    def route_oif(self, dst: str) -> int | None:
+    def route_get(self, dst: str) -> dict | None:
+        """The kernel's answer to RTM_GETROUTE: {'oif', 'gateway'}; None when unreachable."""
+        fam = socket.AF_INET6 if ":" in dst else socket.AF_INET
         try:
-            r = self.ip.route("get", dst=dst)
+            r = self.ip.route("get", dst=dst, family=fam)
         except Exception:  # noqa: BLE001 - no route is an answer
             return None
-        return r[0].get_attr("RTA_OIF") if r else None
+        if not r or r[0]["type"] not in (RTN_UNICAST, RTN_LOCAL):
+            return None
+        return {"oif": r[0].get_attr("RTA_OIF"), "gateway": r[0].get_attr("RTA_GATEWAY")}
 
     def mtu(self, index: int) -> int:
         return self.ip.get_links(index)[0].get_attr("IFLA_MTU")
@@ -162,34 +182,53 @@ class Net:
             raise _wrap(e, f"{name}: set mtu {mtu}") from None
         self._poll(lambda: self.mtu(index) == int(mtu), f"{name}: mtu {mtu}")
 
-    def route_mtu(self, prefix: str) -> tuple[bool, int | None]:
-        """(route exists, its mtu metric or None)."""
+    def route(self, prefix: str, table: int = 254) -> dict | None:
+        """The route to exactly this prefix in this table (the one of lowest metric), whole:
+        {dst, family, table, gateway, oif, dev, priority, proto, scope, type, mtu, multipath}."""
         dst, plen = prefix.split("/")
-        for r in self.ip.get_routes(family=socket.AF_INET, table=254):  # a dump, not a lookup
-            if r["dst_len"] != int(plen) or r.get_attr("RTA_DST") != dst:
+        fam = socket.AF_INET6 if ":" in dst else socket.AF_INET
+        found = []
+        for r in self.ip.get_routes(family=fam, table=table):  # a dump, not a lookup
+            rdst = r.get_attr("RTA_DST")
+            if r["dst_len"] != int(plen) or (rdst or ("::" if fam == socket.AF_INET6 else "0.0.0.0")) != dst:
                 continue
-            m = r.get_attr("RTA_METRICS")
-            if isinstance(m, dict):
-                return True, dict(m.get("attrs", [])).get("RTAX_MTU")
-            return True, (m.get_attr("RTAX_MTU") if m else None)
-        return False, None
+            if (r.get_attr("RTA_TABLE") or r["table"]) != table:
+                continue
+            found.append(r)
+        if not found:
+            return None
+        r = min(found, key=lambda m: m.get_attr("RTA_PRIORITY") or 0)
+        oif = r.get_attr("RTA_OIF")
+        names = {m["index"]: m.get_attr("IFLA_IFNAME") for m in self.ip.get_links()} if oif else {}
+        return {"dst": prefix, "family": 6 if fam == socket.AF_INET6 else 4, "table": table,
+                "gateway": r.get_attr("RTA_GATEWAY"), "oif": oif, "dev": names.get(oif),
+                "priority": r.get_attr("RTA_PRIORITY") or 0, "proto": r["proto"], "scope": r["scope"],
+                "type": r["type"], "mtu": _route_mtu(r), "multipath": bool(r.get_attr("RTA_MULTIPATH"))}
 
-    def set_route_mtu(self, prefix: str, mtu: int | None, via: str | None, oif: int | None, delete=False) -> None:
-        dst, plen = prefix.split("/")
-        args = {"dst": dst, "dst_len": int(plen)}
-        if via:
-            args["gateway"] = via
-        if oif:
-            args["oif"] = oif
+    def set_route(self, r: dict, delete: bool = False) -> None:
+        """Replace (or delete) the route to r['dst'] in r['table'] of metric r['priority'] with
+        exactly r's attributes: gateway, oif, proto, scope, type and mtu (None: no MTU metric)."""
+        dst, plen = r["dst"].split("/")
+        fam = socket.AF_INET6 if ":" in dst else socket.AF_INET
+        args = {"dst": dst, "dst_len": int(plen), "family": fam, "table": r.get("table", 254),
+                "priority": r.get("priority") or 0}
+        what = f"route {r['dst']}"
         try:
             if delete:
                 self.ip.route("del", **args)
-            elif mtu is None:
-                self.ip.route("replace", **args)
-            else:
-                self.ip.route("replace", metrics={"mtu": int(mtu)}, **args)
+                return
+            for k in ("proto", "scope", "type"):
+                if r.get(k) is not None:
+                    args[k] = r[k]
+            if r.get("gateway"):
+                args["gateway"] = r["gateway"]
+            if r.get("oif"):
+                args["oif"] = r["oif"]
+            if r.get("mtu"):
+                args["metrics"] = {"mtu": int(r["mtu"])}
+            self.ip.route("replace", **args)
         except Exception as e:  # noqa: BLE001
-            raise _wrap(e, f"route {prefix} mtu {mtu}") from None
+            raise _wrap(e, f"{what} {'delete' if delete else 'replace'}") from None
 
     @staticmethod
     def _poll(cond, what, timeout=2.0):
@@ -200,18 +239,24 @@ class Net:
             time.sleep(0.01)
 
 
-# ethtool's short offload names -> kernel feature names (ethtool -k shows these)
+# ethtool's short offload names -> the kernel features behind each, as ethtool's own patterns
+# (ethtool.c off_flag_def): `ethtool -K dev tso off` changes every feature its pattern matches
 FEATURES = {
     "gro": ["rx-gro"],
     "gso": ["tx-generic-segmentation"],
-    "tso": ["tx-tcp-segmentation", "tx-tcp-ecn-segmentation", "tx-tcp-accecn-segmentation",
-            "tx-tcp-mangleid-segmentation", "tx-tcp6-segmentation"],
+    "tso": ["tx-tcp*-segmentation"],   # tcp, tcp-ecn, tcp-accecn, tcp-mangleid, tcp6
     "lro": ["rx-lro"],
     "rx_checksum": ["rx-checksum"],
-    "tx_checksum": ["tx-checksum-ip-generic", "tx-checksum-ipv4", "tx-checksum-ipv6"],
-    "sg": ["tx-scatter-gather"],
+    "tx_checksum": ["tx-checksum-*"],
+    "sg": ["tx-scatter-gather*"],
     "rxhash": ["rx-hashing"],
 }
+
+
+def feature_names(short: str, have) -> list[str]:
+    """The kernel features among `have` (names, in order) behind the offload `short`."""
+    from fnmatch import fnmatchcase
+    return [n for n in have if any(fnmatchcase(n, p) for p in FEATURES[short])]
 
 
 class Ethtool:
@@ -254,30 +299,48 @@ class Ethtool:
             raise _wrap(e, f"{ifname}: set rings {values}") from None
 
     def features(self, ifname: str) -> dict[str, dict]:
-        """short name -> {on, fixed, names} for the names the device has."""
+        """short name -> {on, fixed, names, each}: `each` holds every kernel feature behind the
+        offload that the device lets change, with its state; `on` is true when all of them are on."""
         try:
             f = self.e.get_features(ifname).features
         except Exception as e:  # noqa: BLE001
             raise _unsupported(e, f"{ifname}: features") from None
         out = {}
-        for short, names in FEATURES.items():
-            have = [f[n] for n in names if n in f]
+        for short in FEATURES:
+            have = [f[n] for n in feature_names(short, f)]
             if not have:
                 continue
-            first = have[0]
-            out[short] = {"on": bool(first.enable), "fixed": not any(x.available for x in have),
-                          "names": [x.name for x in have if x.available]}
+            each = {x.name: bool(x.enable) for x in have if x.available}
+            out[short] = {"on": all(each.values()) if each else bool(have[0].enable), "fixed": not each,
+                          "names": list(each), "each": each}
         return out
 
-    def set_feature(self, ifname: str, short: str, on: bool) -> None:
+    def set_feature(self, ifname: str, short: str, on) -> None:
+        """Set every changeable kernel feature behind `short` to `on` (a bool), or each named one
+        to its own value (`on` a dict {kernel feature: bool}, as saved)."""
+        want = on if isinstance(on, dict) else None
+        unknown = sorted(set(want or ()) - set(feature_names(short, want or ())))
+        if unknown:
+            raise ApplyError(f"{ifname}: {short}: not a feature behind it: {', '.join(unknown)}")
         try:
             feats = self.e.get_features(ifname)
-            for n in FEATURES[short]:
-                if n in feats.features and feats.features[n].available:
-                    feats.features[n].enable = bool(on)
+            for n in feature_names(short, feats.features):
+                if feats.features[n].available:
+                    if want is None:
+                        feats.features[n].enable = bool(on)
+                    elif n in want:
+                        feats.features[n].enable = bool(want[n])
             self.e.set_features(ifname, feats)
         except Exception as e:  # noqa: BLE001
-            raise _wrap(e, f"{ifname}: set {short} {'on' if on else 'off'}") from None
+            what = on if isinstance(on, dict) else ("on" if on else "off")
+            raise _wrap(e, f"{ifname}: set {short} {what}") from None
+
+
+def _route_mtu(r) -> int | None:
+    m = r.get_attr("RTA_METRICS")
+    if isinstance(m, dict):
+        return dict(m.get("attrs", [])).get("RTAX_MTU")
+    return m.get_attr("RTAX_MTU") if m else None
 
 
 def _unsupported(e, what):
@@ -298,11 +361,23 @@ class Tc:
     cache_file = "/run/hkgpu-tune/qdisc-support.json"
 
     def __init__(self):
-        self.ip = _iproute()
+        self._ip = None  # opened on first use: supported() answered from the boot cache needs no netlink
         self._supported: dict[str, tuple[bool, str]] = {}
 
+    @property
+    def ip(self):
+        if self._ip is None:
+            self._ip = _iproute()
+        return self._ip
+
+    @ip.setter
+    def ip(self, value):
+        self._ip = value
+
     def close(self):
-        _release()
+        if self.__dict__.get("_ip") is not None:
+            self._ip = None
+            _release()
 
     def _boot(self) -> str:
         try:

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from ..errors import HkError, UnsupportedError
 from ..report import DRIFT, ERROR, OK, UNSUPPORTED
+from ..match import find, identity, matched, resolve
 from .base import Subsystem
-from .link import matched, resolve
 
 
 def _want(v, maximum):
@@ -37,7 +37,10 @@ class Plugin(Subsystem):
             pairs, missing = resolve(self, state["links"], attr)
             res += missing
             for rule, ln in pairs:
-                res += fn(rule, ln["name"], state["dev"].get(ln["name"], {}))
+                for r in fn(rule, ln["name"], state["dev"].get(ln["name"], {})):
+                    if r.write is not None:
+                        r.data["identity"] = identity(ln)
+                    res.append(r)
         return res
 
     def _err(self, name, key, desired, e):
@@ -108,20 +111,28 @@ class Plugin(Subsystem):
             have = f.get(k)
             if have is None:
                 res.append(self.result(name, k, None, v, UNSUPPORTED, "the driver has no such feature"))
-            elif have["on"] == v:
+                continue
+            # every kernel feature behind the offload (tso: tx-tcp-segmentation, tx-tcp6-segmentation, ...)
+            each = have.get("each") or ({n: have["on"] for n in have["names"]} if not have["fixed"] else {})
+            off = sorted(n for n, on in each.items() if on != v)
+            cur = have["on"] if not each or len(set(each.values())) == 1 else {n: each[n] for n in sorted(each)}
+            if (each and not off) or (not each and have["on"] == v):
                 res.append(self.result(name, k, v, v, OK))
             elif have["fixed"]:
                 res.append(self.result(name, k, have["on"], v, UNSUPPORTED, "fixed by the driver"))
             elif v and k in ("gso", "tso") and f.get("sg", {}).get("fixed") and not f["sg"]["on"]:
                 # the kernel keeps segmentation off without scatter-gather ("[requested on]")
-                res.append(self.result(name, k, have["on"], v, UNSUPPORTED,
+                res.append(self.result(name, k, cur, v, UNSUPPORTED,
                                        "needs scatter-gather (sg), which the driver keeps off"))
             else:
-                res.append(self.result(name, k, have["on"], v, DRIFT, "differs", write=v,
-                                       data={"part": "offloads", "field": k}))
+                why = "differs" if len(off) == len(each) else f"differs: {', '.join(off)}"
+                # the original of each feature is saved, and put back one by one
+                res.append(self.result(name, k, cur, v, DRIFT, why, write=v,
+                                       data={"part": "offloads", "field": k, "orig": dict(each)}))
         return res
 
     def write(self, target, key, value, data):
+        find(self.b.net, data, key)   # the same device, or TargetGone: nothing is touched
         part, field = data["part"], data["field"]
         if part == "channels":
             self.b.ethtool.set_channels(target, {field: value})
@@ -130,10 +141,28 @@ class Plugin(Subsystem):
             self.b.ethtool.set_rings(target, {field: value})
             got = self.b.ethtool.rings(target)[field]
         else:
-            try:
-                self.b.ethtool.set_feature(target, field, value)
-            except HkError as e:
-                raise UnsupportedError(f"{target}: the driver refused {key} {'on' if value else 'off'} ({e})") from None
-            got = self.b.ethtool.features(target)[field]["on"]
+            return self._set_offload(target, key, field, value)
         if got != value:
             raise UnsupportedError(f"{target}: {key}: wrote {value}, the driver shows {got}")
+
+    def _set_offload(self, target, key, field, value):
+        """value: a bool for every feature behind the offload, or {feature: bool} (an original)."""
+        shown = value if not isinstance(value, dict) else ", ".join(f"{n} {'on' if on else 'off'}"
+                                                                      for n, on in sorted(value.items()))
+        try:
+            self.b.ethtool.set_feature(target, field, value)
+        except HkError as e:
+            raise UnsupportedError(f"{target}: the driver refused {key} {shown} ({e})") from None
+        have = self.b.ethtool.features(target)[field]
+        each = have.get("each") or {n: have["on"] for n in have["names"]}
+        want = value if isinstance(value, dict) else {n: value for n in each} or {field: value}
+        got = {n: each.get(n, have["on"]) for n in want}
+        bad = sorted(n for n in want if got[n] != want[n])
+        if bad:
+            raise UnsupportedError(f"{target}: {key}: wrote {shown}, the driver shows "
+                                   + ", ".join(f"{n} {'on' if got[n] else 'off'}" for n in bad))
+
+    def restore(self, change):
+        orig = change.data.get("orig")
+        value = orig if change.data.get("part") == "offloads" and orig else change.current
+        self.write(change.target, change.key, value, change.data)

@@ -1,56 +1,36 @@
-"""Link MTU, WAN route MTUs, and the don't-fragment probe that decides whether jumbo frames stay."""
+"""Link MTU, WAN routes, and the don't-fragment probe that decides whether jumbo frames stay.
+
+Every change names its device by identity (match.identity: name and permanent MAC in this
+network namespace), never by ifindex; a route's original is saved whole and put back whole.
+"""
 from __future__ import annotations
 
+import ipaddress
+
 from ..errors import ApplyError
+from ..match import find, identity, matched, matches, resolve  # noqa: F401 - matches/matched: one import site
 from ..report import DRIFT, ERROR, OK, UNSUPPORTED
 from .base import Subsystem
 
-
-def matches(match, link: dict) -> bool:
-    if match.name and link["name"] != match.name:
-        return False
-    if match.mac and link["mac"] != match.mac:
-        return False
-    if match.driver and link["driver"] != match.driver:
-        return False
-    if match.pci and link["pci"] != match.pci:
-        return False
-    if match.default_route and not link["default_route"]:
-        return False
-    return True
+# a don't-fragment ping of MTU - header bytes fills the MTU: IPv4 20 + ICMP 8, IPv6 40 + ICMPv6 8
+HEADER = {4: 28, 6: 48}
+WAN_MTU = 1500
+ROUTE_KEYS = ("gateway", "oif", "priority", "table", "proto", "scope", "type", "mtu")
 
 
-def matched(profile, links: list[dict], attrs) -> list[dict]:
-    """The links some rule that sets one of `attrs` matches, each once."""
-    rules = [r for r in profile.network.interfaces if any(getattr(r, a) not in (None, {}, "") for a in attrs)]
-    return [ln for ln in links if any(matches(r.match, ln) for r in rules)]
-
-
-def resolve(sub: Subsystem, links: list[dict], attr: str):
-    """Yield (interface rule, link) for rules that set `attr`; results for rules that match nothing."""
-    pairs, missing = [], []
-    for rule in sub.profile.network.interfaces:
-        if getattr(rule, attr) in (None, {}, ""):
-            continue
-        found = [ln for ln in links if matches(rule.match, ln)]
-        if not found:
-            status = OK if rule.optional else UNSUPPORTED
-            want = getattr(rule, attr)
-            if hasattr(want, "__dataclass_fields__"):
-                want = {k: v for k, v in vars(want).items() if v is not None}
-            missing.append(sub.result(f"match {rule.match.describe()}", attr, None, want, status,
-                                      "no interface on this host matches", required=not rule.optional))
-        pairs += [(rule, ln) for ln in found]
-    return pairs, missing
+def family(addr: str) -> int:
+    return ipaddress.ip_address(addr).version
 
 
 class Plugin(Subsystem):
     name = "link"
 
     def read(self) -> dict:
-        st = {"links": self.b.net.links(), "routes": {}}
+        st = {"links": self.b.net.links(), "routes": {}, "via": {}}
         for r in self.profile.network.wan_routes:
-            st["routes"][r.prefix] = self.b.net.route_mtu(r.prefix)
+            st["routes"][r.prefix] = self.b.net.route(r.prefix)
+            if r.via and not r.dev:
+                st["via"][r.via] = self.b.net.route_get(r.via)
         return st
 
     def compare(self, state):
@@ -60,80 +40,178 @@ class Plugin(Subsystem):
                 res.append(self.result(ln["name"], "mtu", ln["mtu"], rule.mtu, OK))
             else:
                 res.append(self.result(ln["name"], "mtu", ln["mtu"], rule.mtu, DRIFT, "differs",
-                                       write=rule.mtu, data={"index": ln["index"]}))
+                                       write=rule.mtu, data={"identity": identity(ln)}))
         for r in self.profile.network.wan_routes:
-            exists, mtu = state["routes"].get(r.prefix, (False, None))
-            data = {"via": r.via, "dev": r.dev}
-            if mtu == r.mtu:
-                res.append(self.result(f"route {r.prefix}", "mtu", mtu, r.mtu, OK))
-            elif not exists and not r.via and not r.dev:
-                res.append(self.result(f"route {r.prefix}", "mtu", None, r.mtu, ERROR,
-                                       "no such route and no 'via' or 'dev' to create it"))
-            else:
-                res.append(self.result(f"route {r.prefix}", "mtu", mtu, r.mtu, DRIFT,
-                                       "route missing" if not exists else "route MTU differs",
-                                       write=r.mtu, data={**data, "existed": exists}))
+            res.append(self._route(r, state))
         return res
 
+    def _route(self, r, state):
+        target = f"route {r.prefix}"
+        orig = state["routes"].get(r.prefix)
+        cur = orig["mtu"] if orig else None
+        if ipaddress.ip_network(r.prefix).prefixlen == 0:
+            return self.result(target, "mtu", cur, r.mtu, ERROR, "refused: a profile route may not cover the "
+                               "default route")
+        if orig and (orig["multipath"] or not orig["oif"]):
+            return self.result(target, "mtu", cur, r.mtu, UNSUPPORTED,
+                               "a multipath or device-less route: left as it is")
+        by_name = {ln["name"]: ln for ln in state["links"]}
+        by_index = {ln["index"]: ln for ln in state["links"]}
+        if orig:
+            dev = by_index.get(orig["oif"])
+        elif r.dev:
+            dev = by_name.get(r.dev)
+        elif r.via:
+            via = state["via"].get(r.via)
+            dev = by_index.get(via["oif"]) if via else None
+        else:
+            return self.result(target, "mtu", None, r.mtu, ERROR, "no such route and no 'via' or 'dev' to create it")
+        if r.dev and r.dev not in by_name:
+            return self.result(target, "mtu", cur, r.mtu, ERROR, f"no device {r.dev} in this namespace")
+        if dev is None:
+            return self.result(target, "mtu", cur, r.mtu, ERROR, f"no route to its next hop {r.via}")
+        wrong = []
+        if orig and r.via and orig["gateway"] != r.via:
+            wrong.append(f"next hop {orig['gateway'] or 'none'}, the profile says {r.via}")
+        if orig and r.dev and by_index.get(orig["oif"], {}).get("name") != r.dev:
+            wrong.append(f"device {orig['dev']}, the profile says {r.dev}")
+        if orig and cur == r.mtu and not wrong:
+            return self.result(target, "mtu", cur, r.mtu, OK)
+        reason = "route missing" if not orig else "; ".join(wrong + (["route MTU differs"] if cur != r.mtu else []))
+        data = {"identity": identity(dev), "orig": orig,
+                "want": {"gateway": r.via, "dev": r.dev, "mtu": r.mtu}}
+        return self.result(target, "mtu", cur, r.mtu, DRIFT, reason, write=r.mtu, data=data)
+
+    # ------------------------------------------------------------ writes
     def write(self, target, key, value, data):
         if target.startswith("route "):
-            prefix = target.split(" ", 1)[1]
-            oif = None
-            if data.get("dev"):
-                idx = [ln["index"] for ln in self.b.net.links() if ln["name"] == data["dev"]]
-                oif = idx[0] if idx else None
-            # value None: the original had no MTU metric (keep the route) or no route at all (delete it)
-            self.b.net.set_route_mtu(prefix, value, data.get("via"), oif,
-                                     delete=value is None and not data.get("existed"))
+            return self._set_route(target.split(" ", 1)[1], value, data)
+        ln = find(self.b.net, data, f"mtu {value}")
+        self.b.net.set_mtu(ln["index"], value, target)
+
+    def restore(self, change):
+        if not change.target.startswith("route "):
+            return self.write(change.target, change.key, change.current, change.data)
+        prefix, data = change.target.split(" ", 1)[1], change.data
+        orig, want = data.get("orig"), data.get("want") or {}
+        now = self.b.net.route(prefix)
+        if orig is None:
+            # this run added it: delete exactly that route, never a default route, never another one
+            if now is None:
+                return
+            if ipaddress.ip_network(prefix).prefixlen == 0:
+                raise ApplyError(f"route {prefix}: rollback never deletes a default route")
+            if now["mtu"] != want.get("mtu") or (want.get("gateway") and now["gateway"] != want["gateway"]):
+                raise ApplyError(f"route {prefix}: changed since apply (via {now['gateway']}, mtu {now['mtu']}); "
+                                 "left as it is")
+            self.b.net.set_route(now, delete=True)
             return
-        self.b.net.set_mtu(data["index"], value, target)
+        ln = find(self.b.net, data, f"route {prefix}")
+        back = {**orig, "oif": ln["index"]}
+        if now is not None and all(now.get(k) == back.get(k) for k in ROUTE_KEYS):
+            return   # already as it was
+        self.b.net.set_route(back)
+        self._check(prefix, back)
+
+    def _set_route(self, prefix, mtu, data):
+        ln = find(self.b.net, data, f"route {prefix}")
+        orig, want = data.get("orig"), data.get("want") or {}
+        new = dict(orig) if orig else {"dst": prefix, "table": 254, "priority": 0, "proto": None,
+                                       "scope": None, "type": None, "gateway": None, "oif": None}
+        new["mtu"] = mtu
+        if orig:
+            new["oif"] = ln["index"]
+        hop = {"gateway": want.get("gateway") or new["gateway"], "oif": new["oif"]}
+        if want.get("dev"):
+            hop["oif"] = ln["index"]
+        elif want.get("gateway") and want["gateway"] != new["gateway"]:
+            hop["oif"] = None   # another next hop: the kernel finds its device
+        if hop != {"gateway": new["gateway"], "oif": new["oif"]}:
+            new.update(hop, scope=None)   # the old scope may not suit the new next hop
+        self.b.net.set_route(new)
+        self._check(prefix, {k: v for k, v in new.items() if v is not None})
+
+    def _check(self, prefix, want):
+        got = self.b.net.route(prefix)
+        bad = [k for k in ROUTE_KEYS if k in want and (got or {}).get(k) != want[k]]
+        if got is None or bad:
+            shown = ", ".join(f"{k} {(got or {}).get(k)} (wanted {want[k]})" for k in bad) or "no route"
+            raise ApplyError(f"route {prefix}: the kernel shows {shown}")
 
     # ------------------------------------------------------------ the probe
-    def probe_targets(self, index: int) -> list[tuple[str, str]]:
-        """(address, why) pairs that must pass with DF at this interface's MTU."""
-        net = self.profile.network
-        out = []
-        if net.probe_gateway:
-            out += [(gw, "gateway") for gw in self.b.net.gateways(index)]
-        for p in net.fabric_peers:
-            if self.b.net.route_oif(p) == index and p not in [a for a, _ in out]:
-                out.append((p, "fabric peer"))
-        return out
-
     def ping(self, addr: str, size: int) -> bool:
         net = self.profile.network
-        argv = ["ping", "-n", "-q", "-M", "do", "-s", str(size), "-c", str(net.probe_count), "-i", "0.2",
-                "-W", str(int(net.probe_timeout_s)), addr]
+        argv = ["ping", f"-{family(addr)}", "-n", "-q", "-M", "do", "-s", str(size), "-c", str(net.probe_count),
+                "-i", "0.2", "-W", str(int(net.probe_timeout_s)), addr]
         return self.b.cmd.run(argv, timeout=10 + net.probe_count * net.probe_timeout_s).rc == 0
 
+    def targets(self, links: list[dict], proving: list[dict]):
+        """(address, label, link, size) to ping, and the failures found before any ping: a fabric
+        or WAN peer with no route, a fabric peer not routed through an interface whose MTU this
+        profile sets, an interface being proven that is down or that nothing is routed through."""
+        net = self.profile.network
+        managed = {ln["index"]: ln for _, ln in resolve(self, links, "mtu")[0]}
+        by_index = {ln["index"]: ln for ln in links}
+        out, fails = [], []
+        for ln in proving:
+            if not ln.get("up", True):
+                fails.append(f"{ln['name']} is down: its MTU {ln['mtu']} cannot be proven")
+            if net.probe_gateway:
+                out += [(gw, f"gateway {gw}", ln, ln["mtu"] - HEADER[family(gw)]) for gw in self.b.net.gateways(ln["index"])]
+        for p in net.fabric_peers:
+            r = self.b.net.route_get(p)
+            ln = managed.get(r["oif"]) if r else None
+            if r is None:
+                fails.append(f"fabric peer {p}: no route to it")
+            elif ln is None:
+                via = by_index.get(r["oif"], {}).get("name", f"ifindex {r['oif']}")
+                fails.append(f"fabric peer {p} is routed through {via}, not through an interface whose MTU "
+                             "the profile sets: its path cannot be proven")
+            else:
+                out.append((p, f"fabric peer {p}", ln, ln["mtu"] - HEADER[family(p)]))
+        for w in net.wan_peers:
+            label = f"WAN peer {w.address}" + (f" ({w.name})" if w.name else "")
+            r = self.b.net.route_get(w.address)
+            ln = by_index.get(r["oif"]) if r else None
+            if ln is None:
+                fails.append(f"{label}: no route to it")
+            else:
+                out.append((w.address, label, ln,
+                            min(WAN_MTU, ln["mtu"]) - HEADER[family(w.address)]))
+        for ln in proving:
+            if ln.get("up", True) and not any(t[2]["index"] == ln["index"] and not t[1].startswith("WAN")
+                                              for t in out):
+                fails.append(f"{ln['name']}: its MTU {ln['mtu']} is unproven: no gateway or fabric peer is routed "
+                             "through it")
+        return out, fails
+
     def after_apply(self, changes):
-        """Jumbo MTU stays only if every peer answers a DF ping of MTU-28 bytes; WAN peers at 1472."""
+        """Jumbo MTU stays only if every gateway and peer answers a don't-fragment ping that fills the
+        MTU of the interface carrying it (WAN peers at 1500), through that interface."""
         raised = [c for c in changes if c.key == "mtu" and not c.target.startswith("route ")
                   and c.applied and int(c.desired) > int(c.current or 0)]
         if not raised:
             return
-        failures = []
-        for c in raised:
-            idx = c.data["index"]
-            size = int(c.desired) - 28
-            for addr, why in self.probe_targets(idx):
-                if not self.ping(addr, size):
-                    failures.append(f"{why} {addr} did not answer a {size}-byte don't-fragment ping via {c.target}")
-            for w in self.profile.network.wan_peers:
-                if self.b.net.route_oif(w.address) == idx and not self.ping(w.address, 1472):
-                    name = f" ({w.name})" if w.name else ""
-                    failures.append(f"WAN peer {w.address}{name} did not answer a 1472-byte don't-fragment ping")
-        if failures:
-            raise ApplyError("MTU probe failed, the old MTU is restored: " + "; ".join(failures))
+        links = self.b.net.links()
+        names = {c.target for c in raised}
+        out, fails = self.targets(links, [ln for ln in links if ln["name"] in names])
+        done = set()
+        for addr, label, ln, size in out:
+            if (addr, size) in done:
+                continue
+            done.add((addr, size))
+            if not self.ping(addr, size):
+                fails.append(f"{label} did not answer a {size}-byte don't-fragment ping via {ln['name']}")
+        if fails:
+            raise ApplyError("MTU probe failed, the old MTU is restored: " + "; ".join(fails))
 
     def probe(self) -> list:
         """Read-only probe of the live MTU (for verify --probe)."""
-        res = []
-        pairs, _ = resolve(self, self.b.net.links(), "mtu")
-        for _, ln in pairs:
-            size = ln["mtu"] - 28
-            for addr, why in self.probe_targets(ln["index"]):
-                ok = self.ping(addr, size)
-                res.append(self.result(ln["name"], f"path mtu to {addr}", size if ok else "fails", size,
-                                       OK if ok else DRIFT, why))
+        links = self.b.net.links()
+        out, fails = self.targets(links, [ln for _, ln in resolve(self, links, "mtu")[0]])
+        res = [self.result("-", "path mtu", None, None, DRIFT, f) for f in fails]
+        for addr, label, ln, size in out:
+            ok = self.ping(addr, size)
+            res.append(self.result(ln["name"], f"path mtu to {addr}", size if ok else "fails", size,
+                                   OK if ok else DRIFT, label))
         return res

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from ..errors import ApplyError
 from ..report import DRIFT, OK, UNSUPPORTED
+from ..match import find, identity, matched, resolve
 from .base import Subsystem
-from .link import matched, resolve
 
 
 class Plugin(Subsystem):
@@ -29,7 +29,7 @@ class Plugin(Subsystem):
                         and set(q["children"].values()) == {kind}) if multi else q["root"] == kind
             # ask the kernel whether it has the kind only when something must change
             supported, why = (True, "") if in_place else self.b.tc.supported(kind)
-            data = {"index": ln["index"], "orig": q}
+            data = {"identity": identity(ln), "orig": q}
             if not multi:
                 st = OK if q["root"] == kind else (DRIFT if supported else UNSUPPORTED)
                 res.append(self.result(name, "root", q["root"], kind, st, "" if st == OK else (why or "differs"),
@@ -61,7 +61,7 @@ class Plugin(Subsystem):
         return res
 
     def write(self, target, key, value, data):
-        idx, tc = data["index"], self.b.tc
+        idx, tc = find(self.b.net, data, f"qdisc {key}")["index"], self.b.tc
         if key == "root":
             if value.startswith("mq+"):
                 tc.replace_root(idx, "mq", target)
@@ -82,7 +82,8 @@ class Plugin(Subsystem):
             raise ApplyError(f"{target}: qdisc {key}: set {want}, the kernel shows {got}")
 
     def restore(self, change):
-        idx, tc, orig = change.data["index"], self.b.tc, change.data["orig"]
+        idx = find(self.b.net, change.data, f"qdisc {change.key}")["index"]
+        tc, orig = self.b.tc, change.data["orig"]
         if change.key != "root":
             if change.current:   # a queue that had no qdisc of its own keeps the default
                 tc.replace_child(idx, change.data["parent"], change.current, change.target)

@@ -26,8 +26,9 @@ class FakeSysctl:
 
 
 def link(name, index, **kw):
-    d = {"name": name, "index": index, "mac": f"02:00:00:00:00:{index:02x}", "mtu": 1500, "driver": "mlx5_core",
-         "kind": None, "pci": f"0000:{index:02x}:00.0", "state": "UP", "tx_queues": 1, "default_route": False}
+    d = {"name": name, "index": index, "mac": f"02:00:00:00:00:{index:02x}", "perm_mac": f"0c:42:a1:00:00:{index:02x}",
+         "mtu": 1500, "driver": "mlx5_core", "kind": None, "pci": f"0000:{index:02x}:00.0", "state": "UP", "up": True,
+         "tx_queues": 1, "default_route": False}
     d.update(kw)
     return d
 
@@ -56,20 +57,39 @@ class FakeNet:
         self._cache = None
         self._by(index)["mtu"] = int(mtu)
 
+    def link(self, name):   # read now, by name (identity checks)
+        found = [ln for ln in self._links if ln["name"] == name]
+        return copy.deepcopy(found[0]) if found else None
+
     def gateways(self, index):
         return self.gw.get(index, [])
 
-    def route_oif(self, dst):
-        return self.oif.get(dst)
+    def route_get(self, dst):
+        """RTM_GETROUTE: from `oif`, else the link that has dst as a gateway."""
+        oif = self.oif.get(dst) or next((i for i, gws in self.gw.items() if dst in gws), None)
+        return {"oif": oif, "gateway": None} if oif else None
 
-    def route_mtu(self, prefix):
-        return (prefix in self.routes, self.routes.get(prefix))
+    # routes: `routes` maps prefix -> MTU metric; `route_info` holds the rest of each route
+    route_info: dict = {}
 
-    def set_route_mtu(self, prefix, mtu, via, oif, delete=False):
+    def route(self, prefix, table=254):
+        if prefix not in self.routes:
+            return None
+        r = {"dst": prefix, "family": 6 if ":" in prefix else 4, "table": 254, "gateway": None, "oif": None,
+             "dev": None, "priority": 0, "proto": 4, "scope": 0, "type": 1, "multipath": False}
+        r.update(self.route_info.get(prefix, {}))
+        r["dev"] = next((ln["name"] for ln in self._links if ln["index"] == r["oif"]), None)
+        r["mtu"] = self.routes[prefix]
+        return r
+
+    def set_route(self, r, delete=False):
+        self.route_info = dict(self.route_info)
         if delete:
-            self.routes.pop(prefix, None)
-        else:
-            self.routes[prefix] = mtu
+            self.routes.pop(r["dst"], None)
+            self.route_info.pop(r["dst"], None)
+            return
+        self.routes[r["dst"]] = r.get("mtu")
+        self.route_info[r["dst"]] = {k: v for k, v in r.items() if v is not None and k not in ("mtu", "dev")}
 
 
 class FakeEthtool:
@@ -89,7 +109,11 @@ class FakeEthtool:
         return self._get(name, "rings")
 
     def features(self, name):
-        return self._get(name, "features")
+        """As the real one: `each` holds every changeable kernel feature behind an offload."""
+        out = self._get(name, "features")
+        for f in out.values():
+            f.setdefault("each", {} if f["fixed"] else {n: f["on"] for n in f["names"]})
+        return out
 
     def set_channels(self, name, values):
         for k, v in values.items():
@@ -99,7 +123,14 @@ class FakeEthtool:
         self.devs[name]["rings"].update(values)
 
     def set_feature(self, name, short, on):
-        self.devs[name]["features"][short]["on"] = on
+        f = self.devs[name]["features"][short]
+        if isinstance(on, dict):   # each feature to its own value
+            f["each"] = {**f.get("each", {n: f["on"] for n in f["names"]}), **on}
+            f["on"] = all(f["each"].values())
+        else:
+            f["on"] = on
+            if "each" in f:
+                f["each"] = {n: on for n in f["each"]}
 
 
 def nic(combined=(8, 63), rings=(1024, 8192), gro=False):
@@ -109,7 +140,7 @@ def nic(combined=(8, 63), rings=(1024, 8192), gro=False):
         "rings": {"rx": rings[0], "tx": rings[0], "rx_max": rings[1], "tx_max": rings[1]},
         "features": {"gro": {"on": gro, "fixed": False, "names": ["rx-gro"]},
                      "gso": {"on": True, "fixed": False, "names": []},
-                     "tso": {"on": True, "fixed": False, "names": []},
+                     "tso": {"on": True, "fixed": False, "names": ["tx-tcp-segmentation", "tx-tcp6-segmentation"]},
                      "lro": {"on": False, "fixed": True, "names": []}},
     }
 
