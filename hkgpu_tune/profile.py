@@ -392,6 +392,9 @@ def parse_network(n: Node) -> Network:
     routes = []
     for r in (m["wan_routes"].items() if "wan_routes" in m else []):
         rm = r.mapping(("prefix", "mtu", "via", "dev"), required=("prefix",))
+        if rm["prefix"].network().endswith("/0"):
+            raise rm["prefix"].error("a default route (0.0.0.0/0 or ::/0) cannot be a wan_route: "
+                                     "rollback could cost the node its default route")
         routes.append(WanRoute(
             prefix=rm["prefix"].network(),
             mtu=rm["mtu"].integer(552, 65535) if "mtu" in rm else 1500,
