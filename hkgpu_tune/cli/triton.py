@@ -41,6 +41,27 @@ def add_parser(sub) -> None:
             q.add_argument("--requests", type=int, help="override the number of load requests")
             q.add_argument("--concurrency", type=int, help="override the load concurrency")
         q.set_defaults(run=fn)
+    q = tsub.add_parser("sweep", help="find the config with the most throughput under the p99 SLO "
+                                      "(a server of its own; the running service is untouched)")
+    q.add_argument("--profile", "-p", type=nonempty, help="profile file with a triton: section")
+    q.add_argument("--json", action="store_true", help="machine-readable output")
+    q.add_argument("--model", help="the model to sweep (default: the profile's first)")
+    q.add_argument("--max-batch", type=_ints, default=[], help="max_batch_size values, e.g. 32,64,128")
+    q.add_argument("--delay-us", type=_ints, default=[], help="max_queue_delay_microseconds values, e.g. 0,500,2000")
+    q.add_argument("--instances", type=_ints, default=[], help="instance counts, e.g. 1,2,4")
+    q.add_argument("--preferred", type=lambda v: [x for x in v.split(";") if x], default=[],
+                   help="preferred batch sizes to try, ';'-separated: none;max;8,16")
+    q.add_argument("--mps", choices=("profile", "on", "off", "both"), default="profile",
+                   help="MPS on/off (needs the profile's mps section and its daemon running)")
+    q.add_argument("--concurrency", type=_ints, default=[8, 32, 128], help="load levels (requests in flight)")
+    q.add_argument("--slo-ms", type=float, help="p99 SLO (default: the profile's gate.p99_ms)")
+    q.add_argument("--budget-s", type=float, default=300, help="stop starting new configs after this many seconds")
+    q.add_argument("--duration-s", type=float, default=5, help="seconds of load per level")
+    q.add_argument("--processes", type=int, default=2, help="load generator processes")
+    q.add_argument("--shm", action="store_true", help="inputs in system shared memory (not over the socket)")
+    q.add_argument("--png", help="write the chart (throughput against p99) here")
+    q.add_argument("--write", action="store_true", help="put the best config into the profile file")
+    q.set_defaults(run=run_sweep)
     q = tsub.add_parser("export", help="export a torchvision model to ONNX (random weights, no download)")
     q.add_argument("model", help="torchvision model name, e.g. resnet50")
     q.add_argument("output", help="ONNX file to write")
@@ -48,6 +69,17 @@ def add_parser(sub) -> None:
     q.add_argument("--opset", type=int, default=17)
     q.add_argument("--json", action="store_true")
     q.set_defaults(run=run_export)
+
+
+def _ints(v: str) -> list[int]:
+    import argparse
+    try:
+        out = [int(x) for x in v.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a list of integers like 1,2,4, got {v!r}") from None
+    if not out:
+        raise argparse.ArgumentTypeError("expected at least one integer")
+    return out
 
 
 def _section(ctx: Context):
@@ -170,3 +202,35 @@ def run_gate(ctx: Context) -> int:
     rep = gate.run_gate(t, p99_ms=a.p99_ms, requests=a.requests, concurrency=a.concurrency)
     _out(ctx, rep.to_dict(), ("gate passed: " if rep.passed else "gate FAILED: ") + rep.message)
     return EXIT_OK if rep.passed else EXIT_ERROR
+
+
+def run_sweep(ctx: Context) -> int:
+    from ..triton import sweep
+    a = ctx.args
+    t = _section(ctx)
+    name = a.model or t.models[0].name
+    slo = a.slo_ms if a.slo_ms is not None else t.gate.p99_ms
+    mps = {"profile": [], "on": [True], "off": [False], "both": [False, True]}[a.mps]
+    grid = sweep.Grid(max_batch=a.max_batch, delay_us=a.delay_us, instances=a.instances, preferred=a.preferred,
+                      mps=mps, concurrency=a.concurrency)
+    say = (lambda m: None) if ctx.json else (lambda m: print(m, flush=True))
+    rep = sweep.run(t, name, grid, slo, a.budget_s, duration_s=a.duration_s, processes=a.processes, shm=a.shm,
+                    log=say)
+    doc = rep.to_dict()
+    if a.png and rep.points:
+        doc["png"] = sweep.chart(rep, a.png)
+    bad = sweep.failure(rep)
+    if not bad and a.write:
+        doc["written"] = sweep.write_back(ctx.profile.path, name, rep)
+    lines = [sweep.table(rep)]
+    if doc.get("png"):
+        lines.append(f"chart: {doc['png']}")
+    if rep.best:
+        b = rep.best.best
+        lines.append(f"best: {rep.best.label}: {b['img_s']:.0f} img/s, p99 {b['p99_ms']:.2f} ms <= {slo:g} ms")
+    if doc.get("written"):
+        lines.append(f"wrote the best config into {doc['written']}")
+    _out(ctx, doc, "\n".join(lines))
+    if bad:
+        raise HkError(bad)
+    return EXIT_OK

@@ -1,0 +1,415 @@
+"""`hkgpu-tune triton sweep`: the job of Triton's Model Analyzer, on the real server.
+
+A server of the sweep's own (the profile's triton section on free loopback ports, its own copy of
+the repository, explicit model control) is started, so the running service is never touched.
+Each config (max_batch_size and preferred sizes, max_queue_delay_microseconds, instance count,
+MPS on/off where the profile has an mps section) is loaded through the repository API with the
+config as a parameter, then loaded with the load generator at rising concurrency until p99 passes
+the SLO. The best config is the highest throughput whose p99 is within the SLO.
+
+>>> rep = run(t, "resnet50", Grid(max_batch=[32, 64], delay_us=[500], instances=[1, 2]),
+...           slo_ms=15, budget_s=300)                                     # doctest: +SKIP
+>>> rep.best.label                                                          # doctest: +SKIP
+'max_batch 64, delay 500 us, 2 instances'
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime
+import itertools
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from ..errors import HkError
+from . import client, loadgen
+
+PER_LEVEL_OVERHEAD_S = 1.5   # process start and the warm-up part of each load run
+
+
+@dataclass
+class Grid:
+    max_batch: list[int] = field(default_factory=list)      # [] = the profile's value
+    delay_us: list[int] = field(default_factory=list)
+    instances: list[int] = field(default_factory=list)
+    preferred: list[str] = field(default_factory=list)      # "none" | "max" | "8,16" ...
+    mps: list[bool] = field(default_factory=list)           # [] = as the profile (on if it has mps)
+    concurrency: list[int] = field(default_factory=lambda: [8, 32, 128])
+
+
+@dataclass
+class Point:
+    config: dict
+    label: str
+    mps: bool
+    loads: list[dict] = field(default_factory=list)
+    best: dict | None = None          # the best load within the SLO
+    error: str = ""
+    load_s: float = 0.0               # seconds the model took to load (CUDA graphs captured)
+
+    def to_dict(self) -> dict:
+        return {"label": self.label, "mps": self.mps, "config": self.config, "loads": self.loads,
+                "best": self.best, "error": self.error, "load_s": round(self.load_s, 2)}
+
+
+@dataclass
+class Report:
+    model: str
+    slo_ms: float
+    budget_s: float
+    points: list[Point] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)
+    best: Point | None = None
+    seconds: float = 0.0
+    date: str = ""
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "slo_ms": self.slo_ms, "budget_s": self.budget_s, "date": self.date,
+                "seconds": round(self.seconds, 1), "points": [p.to_dict() for p in self.points],
+                "skipped": self.skipped, "best": self.best.to_dict() if self.best else None}
+
+
+# ---------------------------------------------------------------- configs
+def _parse_preferred(v: str, max_batch: int) -> list[int] | None:
+    if v == "none":
+        return None
+    if v == "max":
+        return [max_batch]
+    out = sorted({int(x) for x in v.split(",") if x.strip()})
+    if not out or any(x < 1 for x in out):
+        raise HkError(f"triton sweep: preferred sizes {v!r}: expected none, max or a list like 8,16")
+    return out
+
+
+def configs(model, grid: Grid, mps_available: bool) -> list[tuple[dict, str, bool]]:
+    """Every (config, label, mps) of the grid, the profile's own config first."""
+    base = copy.deepcopy(model.config)
+    if not base.get("max_batch_size"):
+        raise HkError(f"triton sweep: model {model.name} has no max_batch_size: nothing to batch")
+    cur_delay = int(base.get("dynamic_batching", {}).get("max_queue_delay_microseconds", 0))
+    groups = base.get("instance_group") or [{"count": 1}]
+    cur_inst = int(groups[0].get("count", 1))
+    mps_opts = grid.mps or ([True] if mps_available else [False])
+    if any(mps_opts) and not mps_available:
+        raise HkError("triton sweep: MPS asked for, but the profile has no mps section or its daemon is not running")
+    out, seen = [], set()
+    for mb, delay, inst, pref, mps in itertools.product(grid.max_batch or [base["max_batch_size"]],
+                                                         grid.delay_us or [cur_delay],
+                                                         grid.instances or [cur_inst],
+                                                         grid.preferred or ["profile"], mps_opts):
+        if mb < 1 or delay < 0 or inst < 1:
+            raise HkError(f"triton sweep: max_batch {mb}, delay {delay} us and instances {inst} must be positive")
+        cfg = copy.deepcopy(base)
+        cfg["max_batch_size"] = mb
+        db = dict(cfg.get("dynamic_batching") or {})
+        db["max_queue_delay_microseconds"] = delay
+        if pref != "profile":
+            p = _parse_preferred(pref, mb)
+            if p is None:
+                db.pop("preferred_batch_size", None)
+            else:
+                db["preferred_batch_size"] = [x for x in p if x <= mb] or [mb]
+        elif db.get("preferred_batch_size"):
+            db["preferred_batch_size"] = [x for x in db["preferred_batch_size"] if int(x) <= mb] or [mb]
+        cfg["dynamic_batching"] = db
+        gs = copy.deepcopy(groups)
+        gs[0]["count"] = inst
+        cfg["instance_group"] = gs
+        label = f"max_batch {mb}, delay {delay} us, {inst} instance{'s' if inst > 1 else ''}"
+        if db.get("preferred_batch_size"):
+            label += f", preferred {','.join(str(x) for x in db['preferred_batch_size'])}"
+        if mps_available:
+            label += ", MPS" if mps else ", no MPS"
+        key = json.dumps(cfg, sort_keys=True) + str(mps)
+        if key not in seen:
+            seen.add(key)
+            out.append((cfg, label, mps))
+    return out
+
+
+# ---------------------------------------------------------------- the sweep's own server
+def _free_ports(n: int) -> list[int]:
+    import socket
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+def sweep_section(t, workdir: str, mps: bool):
+    """The profile's triton section, moved to free loopback ports and a repository of its own."""
+    from ..subsystems.triton import Endpoint
+    http, grpc, metrics = _free_ports(3)
+    kw = dict(http=Endpoint(http), grpc=Endpoint(grpc), metrics=Endpoint(metrics),
+              model_repository=os.path.join(workdir, "models"), run_dir=os.path.join(workdir, "run"),
+              supervisor="process", launch="binary", unit=f"{t.unit}-sweep")
+    if hasattr(t, "mps") and not mps:
+        kw["mps"] = None
+    return dataclasses.replace(t, **kw)
+
+
+def mps_running(t) -> bool:
+    m = getattr(t, "mps", None)
+    return bool(m) and os.path.exists(os.path.join(m.pipe_dir, "control"))
+
+
+class Server:
+    """A tritonserver of the sweep's own; stopped (no process left) on close."""
+
+    def __init__(self, t, workdir: str, mps: bool, backends=None):
+        from . import launch, render
+        self.launch = launch
+        self.t = sweep_section(t, workdir, mps)
+        self.b = backends
+        render.write_repository(self.t, backends)
+        t0 = time.monotonic()
+        launch.start(self.t, backends)
+        try:
+            launch.wait_ready(self.t, backends)
+        except BaseException:
+            self.close()
+            raise
+        self.ready_s = time.monotonic() - t0
+        self.c = client.Client(self.t.http.host, self.t.http.port, timeout=max(60.0, self.t.gate.ready_timeout_s))
+
+    def load(self, name: str, cfg: dict) -> float:
+        """Load `name` with `cfg` (no restart); returns seconds. Raises HkError with Triton's reason."""
+        t0 = time.monotonic()
+        body = json.dumps({"parameters": {"config": json.dumps(cfg)}}).encode()
+        status, _, text = self.c.request("POST", f"/v2/repository/models/{name}/load", body,
+                                         {"Content-Type": "application/json"})
+        if status != 200:
+            try:
+                reason = json.loads(text).get("error", text.decode(errors="replace"))
+            except ValueError:
+                reason = text.decode(errors="replace")
+            raise HkError(f"model {name} failed to load: {reason.strip()[:300]}")
+        return time.monotonic() - t0
+
+    def close(self) -> None:
+        try:
+            self.c.close()
+        except AttributeError:
+            pass
+        rep = self.launch.stop(self.t, self.b)
+        if rep.get("left"):
+            raise HkError(f"triton sweep: server processes left after stop: {rep['left']}")
+
+
+# ---------------------------------------------------------------- the load
+def spec_for(t, model, concurrency: int, duration_s: float, processes: int, shm: bool) -> loadgen.LoadSpec:
+    inp, out = model.inputs[0], model.outputs[0] if model.outputs else None
+    dims = [1 if int(d) < 0 else int(d) for d in inp.get("dims", [])]
+    return loadgen.LoadSpec(t.http.host, t.http.port, model.name, inp["name"],
+                            inp["data_type"].removeprefix("TYPE_"), [1, *dims],
+                            out["name"] if out else None, concurrency=concurrency, processes=processes,
+                            duration_s=duration_s, warmup_s=min(1.0, duration_s / 4),
+                            metrics_port=t.metrics.port, shm=shm)
+
+
+def measure(server: Server, model, point: Point, levels: list[int], duration_s: float, processes: int,
+            shm: bool, slo_ms: float) -> None:
+    for conc in levels:
+        r = loadgen.run(spec_for(server.t, model, conc, duration_s, min(processes, conc), shm))
+        point.loads.append(r)
+        within = r["errors"] == 0 and r["p99_ms"] <= slo_ms and r["requests"] > 0
+        if within and (point.best is None or r["img_s"] > point.best["img_s"]):
+            point.best = r
+        if r["p99_ms"] > slo_ms or r["errors"]:
+            break   # more load only adds queueing
+
+
+def run(t, model_name: str, grid: Grid, slo_ms: float, budget_s: float, duration_s: float = 5.0,
+        processes: int = 2, shm: bool = False, backends=None, log=print) -> Report:
+    """Sweep the grid on a server of the sweep's own; raises HkError when nothing fits the SLO."""
+    model = t.model(model_name)
+    if slo_ms is None or slo_ms <= 0:
+        raise HkError("triton sweep: no p99 SLO (give --slo-ms or the profile's gate.p99_ms)")
+    mps_ok = mps_running(t)
+    todo = configs(model, grid, mps_ok)
+    levels = sorted(set(grid.concurrency))
+    per_load = duration_s + min(1.0, duration_s / 4) + PER_LEVEL_OVERHEAD_S
+    if budget_s < per_load * len(levels):
+        raise HkError(f"triton sweep: a budget of {budget_s:g} s is too small: one config alone needs about "
+                      f"{per_load * len(levels):.0f} s ({len(levels)} load levels of {duration_s:g} s)")
+    rep = Report(model_name, slo_ms, budget_s, date=datetime.datetime.now(datetime.timezone.utc).isoformat(
+        timespec="seconds"))
+    t0 = time.monotonic()
+    workdir = tempfile.mkdtemp(prefix="hkgpu-sweep-")
+    server, server_mps = None, None
+    try:
+        for i, (cfg, label, mps) in enumerate(todo):
+            spent = time.monotonic() - t0
+            est = (spent / len(rep.points)) if rep.points else per_load * len(levels)
+            if rep.points and spent + est > budget_s:
+                rep.skipped = [lb for _, lb, _ in todo[i:]]
+                log(f"budget: {len(rep.skipped)} config(s) left unmeasured")
+                break
+            if server is None or server_mps != mps:
+                if server is not None:
+                    server.close()
+                server = None
+                server = Server(t, workdir, mps, backends)
+                server_mps = mps
+                log(f"sweep server ready in {server.ready_s:.1f} s ({'MPS' if mps else 'no MPS'})")
+            point = Point(cfg, label, mps)
+            rep.points.append(point)
+            try:
+                point.load_s = server.load(model_name, cfg)
+            except HkError as e:
+                point.error = str(e)
+                log(f"{label}: {e}")
+                continue
+            measure(server, model, point, levels, duration_s, processes, shm, slo_ms)
+            b = point.best
+            log(f"{label}: " + (f"{b['img_s']:.0f} img/s at p99 {b['p99_ms']:.2f} ms (concurrency {b['concurrency']})"
+                                if b else f"nothing within p99 {slo_ms:g} ms "
+                                f"(lowest load: p99 {point.loads[0]['p99_ms']:.2f} ms)"))
+    finally:
+        try:
+            if server is not None:
+                server.close()
+        finally:
+            shutil.rmtree(workdir, ignore_errors=True)
+    rep.seconds = time.monotonic() - t0
+    fits = [p for p in rep.points if p.best]
+    if fits:
+        rep.best = max(fits, key=lambda p: (p.best["img_s"], -p.best["p99_ms"]))
+    return rep
+
+
+def failure(rep: Report) -> str | None:
+    """One line when the sweep found nothing usable (the CLI exits 1 with it)."""
+    if rep.best:
+        return None
+    errs = [p for p in rep.points if p.error]
+    if errs and len(errs) == len(rep.points):
+        return f"triton sweep: {errs[0].error}"
+    low = min((p.loads[0]["p99_ms"] for p in rep.points if p.loads), default=None)
+    return (f"triton sweep: no config of {len(rep.points)} meets p99 <= {rep.slo_ms:g} ms"
+            + (f" (the lowest p99 seen was {low:.2f} ms)" if low is not None else ""))
+
+
+# ---------------------------------------------------------------- output
+def table(rep: Report) -> str:
+    rows = [("config", "img/s", "p99 ms", "p50 ms", "conc", "batch", "note")]
+    for p in rep.points:
+        b = p.best
+        sv = (b or {}).get("server", {})
+        note = "BEST" if p is rep.best else (p.error[:60] if p.error else ("" if b else "over SLO"))
+        rows.append((p.label, f"{b['img_s']:.0f}" if b else "-", f"{b['p99_ms']:.2f}" if b else "-",
+                     f"{b['p50_ms']:.2f}" if b else "-", str(b["concurrency"]) if b else "-",
+                     f"{sv.get('avg_batch', '-')}" if b else "-", note))
+    for lb in rep.skipped:
+        rows.append((lb, "-", "-", "-", "-", "-", "not measured (budget)"))
+    w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w[i]) for i, c in enumerate(r)).rstrip() for r in rows)
+
+
+def chart(rep: Report, path: str) -> str:
+    """Throughput against p99, one point per measured load, the SLO line, the chosen config marked."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(9, 5.5), dpi=110)
+    for p in rep.points:
+        if not p.loads:
+            continue
+        xs = [r["p99_ms"] for r in p.loads]
+        ys = [r["img_s"] for r in p.loads]
+        ax.plot(xs, ys, marker="o", ms=4, lw=1, alpha=0.8, label=p.label)
+    ax.axvline(rep.slo_ms, color="red", ls="--", lw=1.2, label=f"SLO p99 {rep.slo_ms:g} ms")
+    if rep.best:
+        b = rep.best.best
+        ax.scatter([b["p99_ms"]], [b["img_s"]], s=220, facecolors="none", edgecolors="black", lw=2,
+                   zorder=5, label=f"chosen: {rep.best.label}")
+    ax.set_xlabel("client p99 latency (ms)")
+    ax.set_ylabel("throughput (img/s)")
+    ax.set_xscale("log")
+    ax.set_title(f"triton sweep: {rep.model} ({rep.date})")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+# ---------------------------------------------------------------- --write
+def write_back(profile_path: str, model_name: str, rep: Report) -> str:
+    """Put the best config's max_batch_size, queue delay and instance count into the profile file
+    in place (comments and layout kept: only those scalars change), with a comment saying when and
+    what was measured. The result is parsed again before it replaces the file."""
+    import yaml
+    from ..fsutil import atomic_write
+    from ..profile import parse_profile_text
+    if not rep.best:
+        raise HkError("triton sweep: nothing to write: no config met the SLO")
+    with open(profile_path) as f:
+        text = f.read()
+    root = yaml.compose(text)
+    cfg = rep.best.config
+
+    def get(node, key):
+        if isinstance(node, yaml.MappingNode):
+            for k, v in node.value:
+                if k.value == key:
+                    return v
+        return None
+    tri = get(root, "triton")
+    models = get(tri, "models")
+    mnode = next((m for m in (models.value if models else []) if getattr(get(m, "name"), "value", None) == model_name),
+                 None)
+    if mnode is None:
+        raise HkError(f"{profile_path}: no model {model_name} under triton.models")
+    edits = []   # (start, end, new text)
+
+    def set_scalar(node, key, value, path):
+        v = get(node, key)
+        if v is None or not isinstance(v, yaml.ScalarNode):
+            raise HkError(f"{profile_path}: triton.models[{model_name}].{path} is not set as a plain value: "
+                          f"give it in the profile first, then --write can change it")
+        edits.append((v.start_mark.index, v.end_mark.index, str(value)))
+
+    set_scalar(mnode, "max_batch_size", cfg["max_batch_size"], "max_batch_size")
+    db = get(mnode, "dynamic_batching")
+    set_scalar(db, "max_queue_delay_microseconds", cfg["dynamic_batching"]["max_queue_delay_microseconds"],
+               "dynamic_batching.max_queue_delay_microseconds")
+    pref = cfg["dynamic_batching"].get("preferred_batch_size")
+    pnode = get(db, "preferred_batch_size")
+    if pnode is not None:
+        edits.append((pnode.start_mark.index, pnode.end_mark.index,
+                      "[" + ", ".join(str(x) for x in (pref or [cfg["max_batch_size"]])) + "]"))
+    ig = get(mnode, "instance_group")
+    if not isinstance(ig, yaml.SequenceNode) or not ig.value:
+        raise HkError(f"{profile_path}: triton.models[{model_name}].instance_group is not set: "
+                      f"give it in the profile first, then --write can change it")
+    set_scalar(ig.value[0], "count", cfg["instance_group"][0]["count"], "instance_group[0].count")
+    for start, end, new in sorted(edits, reverse=True):
+        text = text[:start] + new + text[end:]
+    b = rep.best.best
+    line_start = text.rfind("\n", 0, mnode.start_mark.index) + 1
+    prefix = text[line_start:mnode.start_mark.index]
+    indent = " " * (len(prefix) - len(prefix.lstrip()))
+    note = (f"{indent}# hkgpu-tune triton sweep {rep.date}: best of {len(rep.points)} configs under p99 "
+            f"{rep.slo_ms:g} ms: {rep.best.label}: {b['img_s']:.0f} img/s, p99 {b['p99_ms']:.2f} ms "
+            f"at concurrency {b['concurrency']} ({b['transport']})\n")
+    # one sweep comment per model: a later sweep replaces the earlier one
+    prev_start = text.rfind("\n", 0, line_start - 1) + 1
+    if text[prev_start:line_start].lstrip().startswith("# hkgpu-tune triton sweep"):
+        text = text[:prev_start] + note + text[line_start:]
+    else:
+        text = text[:line_start] + note + text[line_start:]
+    parse_profile_text(text, profile_path)   # raises ProfileError: the file stays as it was
+    st = os.stat(profile_path)
+    atomic_write(profile_path, text, mode=st.st_mode & 0o7777)
+    return profile_path
