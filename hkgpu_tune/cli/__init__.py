@@ -5,12 +5,13 @@ with add_parser(sub); each command sets `run`, a function of the shared Context 
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import sys
 
-from .. import __version__, rack
+from .. import __version__
 from ..errors import HkError
-from . import core, gpu, stdio, triton
+from . import stdio
 from .context import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, Context
 
 __all__ = ["main", "run", "parser", "EXIT_OK", "EXIT_ERROR", "EXIT_DRIFT", "UsageError"]
@@ -27,24 +28,35 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(f"{message} (see {self.prog} --help)")
 
 
-def _run_rack(ctx: Context) -> int:
-    return rack.cli_run(ctx.args)
+def _add_rack(sub) -> None:
+    from .. import rack
+    rack.add_parser(sub)
+    sub.choices["rack"].set_defaults(run=lambda ctx: rack.cli_run(ctx.args))
 
 
-def parser() -> argparse.ArgumentParser:
+def _adder(group: str):
+    if group == "rack":
+        return _add_rack
+    return importlib.import_module(f"{__name__}.{group}").add_parser
+
+
+# command -> the group that adds it; a run imports only its own group (--help and errors: all of them)
+GROUPS = {"facts": "core", "plan": "core", "verify": "core", "rollback": "core", "apply": "core",
+          "mps": "gpu", "placement": "gpu", "triton": "triton", "rack": "rack"}
+
+
+def parser(argv=None) -> argparse.ArgumentParser:
     ap = Parser(prog="hkgpu-tune", description="Tune, verify and roll back GPU inference hosts.")
     ap.add_argument("--version", action="version", version=f"hkgpu-tune {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
-    core.add_parser(sub)
-    gpu.add_parser(sub)
-    triton.add_parser(sub)
-    rack.add_parser(sub)
-    sub.choices["rack"].set_defaults(run=_run_rack)
+    first = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
+    for group in [GROUPS[first]] if first in GROUPS else dict.fromkeys(GROUPS.values()):
+        _adder(group)(sub)
     return ap
 
 
 def run(argv=None) -> int:
-    args = parser().parse_args(argv)
+    args = parser(argv).parse_args(argv)
     ctx = Context(args)
     try:
         return args.run(ctx)
