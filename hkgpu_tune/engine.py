@@ -6,67 +6,14 @@
 """
 from __future__ import annotations
 
-import json
-import os
-import tempfile
-import time
 from dataclasses import dataclass, field
 
 from . import subsystems
 from .backends import Backends
-from .errors import HkError, StateError, UnsupportedError
+from .errors import HkError, StateError, TargetGone, UnsupportedError
+from .journal import Journal
 from .report import ERROR, UNSUPPORTED, Change, Result
-
-DEFAULT_STATE_DIR = "/var/lib/hkgpu-tune"
-STATE_FILE = "state.json"
-
-
-class State:
-    """The originals of everything apply changed, on disk (atomic, root-only)."""
-
-    def __init__(self, state_dir: str | None = None):
-        self.dir = state_dir or os.environ.get("HKGPU_TUNE_STATE_DIR") or DEFAULT_STATE_DIR
-        self.path = os.path.join(self.dir, STATE_FILE)
-
-    def load(self) -> list[Change]:
-        try:
-            with open(self.path) as f:
-                doc = json.load(f)
-        except FileNotFoundError:
-            return []
-        except (OSError, ValueError) as e:
-            raise StateError(f"{self.path}: cannot read the saved originals: {e}") from None
-        if doc.get("format") != 1:
-            raise StateError(f"{self.path}: not a hkgpu-tune state file")
-        return [Change.from_dict(c) for c in doc["changes"]]
-
-    def save(self, changes: list[Change]) -> None:
-        try:
-            os.makedirs(self.dir, mode=0o700, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".state.")
-            with os.fdopen(fd, "w") as f:
-                json.dump({"format": 1, "saved": time.time(), "changes": [c.to_dict() for c in changes]}, f,
-                          indent=1, default=str)
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(tmp, 0o600)
-            os.replace(tmp, self.path)
-            dfd = os.open(self.dir, os.O_DIRECTORY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
-        except PermissionError as e:
-            raise HkError(f"{self.dir}: cannot write the state file: permission denied (run as root "
-                          f"or pass --state-dir)", e.errno) from None
-        except OSError as e:
-            raise HkError(f"{self.dir}: cannot write the state file: {e.strerror}", e.errno) from None
-
-    def clear(self) -> None:
-        try:
-            os.unlink(self.path)
-        except FileNotFoundError:
-            pass
+from .state import DEFAULT_STATE_DIR, STATE_FILE, State  # noqa: F401  (State is part of the API)
 
 
 @dataclass
@@ -94,6 +41,7 @@ class Engine:
         names = [n for n in subsystems.for_sections(profile.sections) if not only or n in only]
         self.subs = [subsystems.get(n)(profile, self.b) for n in names]
         self.by_name = {s.name: s for s in self.subs}
+        self._extra: dict = {}   # subsystems rollback needs that this run did not select
 
     @staticmethod
     def _failed(sub, e: HkError) -> list[Result]:
@@ -130,99 +78,128 @@ class Engine:
         return changes, results
 
     def apply(self, dry_run: bool = False) -> ApplyReport:
+        if dry_run:
+            changes, results = self.plan()
+            return ApplyReport(changes=changes, results=results)
+        with self.state.lock():   # a second apply or rollback fails fast; none loses originals
+            return self._apply()
+
+    def _apply(self) -> ApplyReport:
         changes, results = self.plan()
         rep = ApplyReport(changes=changes, results=results)
-        if dry_run or not changes:
-            if not dry_run:
-                rep.results = self.verify()
+        if not changes:
+            rep.results = self.verify()
             return rep
-        saved = self.state.load()
-        known = {c.ident for c in saved}
-        done: list[Change] = []
-        refused: dict[tuple, str] = {}
-        stuck: list[Change] = []   # refused, and the original could not be put back either
-        this_run: list[Change] = []
+        j = Journal(self.state)
         try:
             for s in self.subs:
                 mine = [c for c in changes if c.subsystem == s.name]
-                if done or refused:
+                if j.written or j.refusals:
                     # earlier writes can change what this subsystem must do (more channels bring
                     # more transmit queues, each with a qdisc): plan it again, now
                     try:
                         mine = s.plan()[0]
                     except HkError:
                         mine = []   # verify reports it
-                this_run += mine
-                self._write(mine, saved, done, refused, stuck)
-            rep.changes = this_run
+                self._write(j, mine)
+            rep.changes = j.this_run
             for s in self.subs:
-                s.after_apply([c for c in done if c.subsystem == s.name])
+                s.after_apply([c for c in j.written if c.subsystem == s.name])
         except HkError as e:
-            rep.changes = this_run
+            rep.changes = j.this_run
             rep.error = str(e)
-            errs = self._undo(done)
+            errs = j.undo_run(self._restore)
             rep.rolled_back = True
             if errs:
                 rep.error += "; rollback also failed: " + "; ".join(m for _, m in errs)
-            # keep the originals of earlier applies and of what could not be restored
-            ours = {c.ident for c in this_run} - {c.ident for c, _ in errs} - {c.ident for c in stuck}
-            keep = [c for c in saved if c.ident not in ours or c.ident in known]
-            if keep:
-                self.state.save(keep)
-            else:
-                self.state.clear()
             return rep
+        j.finish()
         rep.results = self.verify()
         for r in rep.results:
-            if (r.subsystem, r.target, r.key) in refused and r.status == "drift":
-                r.status, r.reason = UNSUPPORTED, refused[(r.subsystem, r.target, r.key)]
+            if (r.subsystem, r.target, r.key) in j.refusals and r.status == "drift":
+                r.status, r.reason = UNSUPPORTED, j.refusals[(r.subsystem, r.target, r.key)]
         return rep
 
-    def _write(self, changes, saved, done, refused, stuck) -> None:
-        # originals first: merge with what was saved before (keep the oldest original)
-        have = {c.ident for c in saved}
-        for c in changes:
-            if c.ident not in have:
-                saved.append(Change(c.subsystem, c.target, c.key, c.current, c.desired, c.data))
-        if changes:
-            self.state.save(saved)
+    def _write(self, j: Journal, changes: list[Change]) -> None:
+        j.originals(changes)   # on disk before the first write
         for c in changes:
             try:
                 self.by_name[c.subsystem].apply(c)
             except UnsupportedError as e:
-                # the kernel or driver would not take it: keep the original, go on
-                refused[c.ident] = str(e)
+                # the kernel or driver would not take it: put the original back, go on
                 try:
                     self.by_name[c.subsystem].restore(c)
+                    put_back = True
                 except HkError:
-                    stuck.append(c)
+                    put_back = False
+                j.refused(c, str(e), put_back)
                 continue
-            c.applied = True
-            done.append(c)
+            j.wrote(c)
 
-    def _undo(self, changes: list[Change]) -> list[tuple[Change, str]]:
-        errs = []
-        for c in reversed(changes):
-            try:
-                sub = self.by_name.get(c.subsystem) or self._sub(c.subsystem)
-                sub.restore(c)
-            except HkError as e:
-                errs.append((c, f"{c.subsystem} {c.target} {c.key}: {e}"))
-        return errs
+    def _restore(self, c: Change) -> str | None:
+        if c.subsystem == "persist":
+            from .persist import undo_file
+            return undo_file(c, self.state.dir)
+        sub = self.by_name.get(c.subsystem) or self._sub(c.subsystem)
+        sub.restore(c)
+        return None
 
     def _sub(self, name):
         if name not in subsystems.SECTION:
             raise StateError(f"the state file names subsystem {name!r}, which this version lacks")
-        return subsystems.get(name)(self.profile, self.b)
+        if name not in self._extra:
+            self._extra[name] = subsystems.get(name)(self.profile, self.b)
+        return self._extra[name]
 
-    def rollback(self) -> tuple[list[Change], list[str]]:
-        """Restore every saved original, newest first; works after a crash mid-apply."""
-        saved = self.state.load()
-        if not saved:
-            return [], []
-        errs = self._undo(saved)
-        if errs:  # keep only what could not be restored
-            self.state.save([c for c, _ in errs])
-        else:
-            self.state.clear()
-        return saved, [m for _, m in errs]
+    def rollback(self, only: list[str] | None = None, forget: bool = False) -> "RollbackReport":
+        """Restore the saved originals, newest first; each entry leaves the state file as soon as
+        it is back, so a rollback killed at any point can be run again. `only`: just those
+        subsystems ("persist": the files of --persist). A target that is gone (TargetGone) is
+        kept and reported, or dropped with a note when `forget`."""
+        known = [*subsystems.ORDER, "persist"]
+        bad = [n for n in only or () if n not in known]
+        if bad:
+            raise HkError(f"rollback --only: unknown subsystem {', '.join(bad)} (have: {', '.join(known)})")
+        rep = RollbackReport()
+        if not self.state.check_dir():
+            return rep
+        with self.state.lock():
+            entries = self.state.load()
+            for c in reversed(list(entries)):
+                if only and c.subsystem not in only:
+                    continue
+                try:
+                    line = self._restore(c)
+                except TargetGone as e:
+                    if not forget:
+                        rep.errors.append(f"{c.subsystem} {c.target} {c.key}: {e} (kept: run rollback again "
+                                          "when it is back, or rollback --forget to drop it)")
+                        rep.kept.append(c)
+                        continue
+                    rep.forgotten.append(f"{c.subsystem} {c.target} {c.key}: {e}: original dropped (--forget)")
+                    self.state.log.append({"event": "forgotten", "subsystem": c.subsystem, "target": c.target,
+                                           "key": c.key, "detail": str(e)[:500]})
+                except HkError as e:
+                    rep.errors.append(f"{c.subsystem} {c.target} {c.key}: {e}")
+                    continue
+                else:
+                    rep.restored.append(c)
+                    if line:
+                        rep.files.append(line)
+                entries.remove(c)
+                self.state.save(entries)
+        return rep
+
+
+@dataclass
+class RollbackReport:
+    """What rollback did. Unpacks as (restored, errors) like before."""
+
+    restored: list[Change] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    kept: list[Change] = field(default_factory=list)        # target gone, original kept
+    forgotten: list[str] = field(default_factory=list)      # target gone, dropped on --forget
+    files: list[str] = field(default_factory=list)          # persisted files removed or restored
+
+    def __iter__(self):
+        return iter((self.restored, self.errors))

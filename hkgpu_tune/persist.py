@@ -8,21 +8,31 @@ from __future__ import annotations
 import configparser
 import fnmatch
 import glob
-import json
+import hashlib
 import os
+import re
 import shutil
+import stat
 import sys
 
 import yaml
 
-from .errors import HkError
+from .errors import HkError, StateError
+from .fsutil import atomic_write, fsync_dir
+from .journal import Journal
+from .report import Change
+from .state import State
 
 SYSCTL_FILE = "etc/sysctl.d/60-hkgpu-tune.conf"
 PROFILE_FILE = "etc/hkgpu-tune/profile.yaml"
 UNIT_NAME = "hkgpu-tune.service"
 UNIT_FILE = f"etc/systemd/system/{UNIT_NAME}"
 WANTS_LINK = f"etc/systemd/system/multi-user.target.wants/{UNIT_NAME}"
-RECORD = "persist.json"
+LEGACY_RECORD = "persist.json"   # format of older versions: refused
+
+
+# line breaks and control characters never reach a file this tool writes (tab is whitespace)
+_CTRL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def _p(root: str, rel: str) -> str:
@@ -69,69 +79,189 @@ def mtu_owner(root: str, link: dict) -> tuple[str, str] | None:
 
 
 class Writer:
-    def __init__(self, root: str, state_dir: str):
-        self.root, self.state_dir = root, state_dir
-        self.record_path = os.path.join(state_dir, RECORD)
-        try:
-            self.record = json.load(open(self.record_path))
-        except (OSError, ValueError):
-            self.record = []
-        self.known = {r["path"] for r in self.record}
+    """Every file `--persist` writes goes through the journal first: its entry (the sha256 of what
+    will be written, and a hashed backup of what it replaces) is on disk before the file changes."""
+
+    def __init__(self, root: str, journal: Journal):
+        self.root, self.j = root, journal
+        self.state_dir = journal.state.dir
+
+    def _entry(self, path: str, kind: str) -> Change | None:
+        return next((e for e in self.j.entries if e.ident == ("persist", path, kind)), None)
 
     def _mkdirs(self, d: str) -> None:
-        """Make d and record each directory made, so rollback removes it again."""
+        """Make d and record each directory made (before making it), so rollback removes it again."""
         missing = []
         while d and not os.path.isdir(d):
             missing.append(d)
             d = os.path.dirname(d)
         for m in reversed(missing):
-            os.mkdir(m)
-            if m not in self.known:
-                self.record.append({"path": m, "backup": None, "dir": True})
-                self.known.add(m)
+            if self._entry(m, "dir") is None:
+                self.j.update(Change("persist", m, "dir", None, None, {}))
+            os.mkdir(m, 0o755)
+
+    def _backup(self, path: str) -> dict | None:
+        """A copy of the file `path` replaces (None: there is none), in the state dir, hashed."""
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return None
+        if not stat.S_ISREG(st.st_mode):
+            raise HkError(f"persist: {path}: not a regular file (a link?): refused")
+        data = _read_regular(path)
+        bdir = os.path.join(self.state_dir, "backup")
+        try:
+            os.mkdir(bdir, 0o700)
+        except FileExistsError:
+            if not os.path.isdir(bdir) or os.path.islink(bdir):
+                raise HkError(f"{bdir}: not a directory: refused") from None
+        backup = os.path.join(bdir, path.strip("/").replace("/", "__"))
+        atomic_write(backup, data, mode=0o600)
+        return {"backup": backup, "sha256": _sha(data), "mode": stat.S_IMODE(st.st_mode)}
 
     def write(self, rel_or_abs: str, text: str, mode=0o644) -> str:
         path = rel_or_abs if os.path.isabs(rel_or_abs) and rel_or_abs.startswith(self.root.rstrip("/") + "/") \
             else _p(self.root, rel_or_abs)
+        path = os.path.normpath(path)
         self._mkdirs(os.path.dirname(path))   # recorded before the file: removed after it
-        if path not in self.known:
-            backup = None
-            if os.path.lexists(path):
-                os.makedirs(os.path.join(self.state_dir, "backup"), mode=0o700, exist_ok=True)
-                backup = os.path.join(self.state_dir, "backup", path.strip("/").replace("/", "__"))
-                shutil.copy2(path, backup)
-            self.record.append({"path": path, "backup": backup})
-            self.known.add(path)
-        tmp = path + ".hkgpu-tmp"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        data = text.encode()
+        h = _sha(data)
+        e = self._entry(path, "file")
+        if e is None:
+            c = Change("persist", path, "file", self._backup(path), {"sha256": [h]}, {})
+        else:
+            hashes = [x for x in e.desired["sha256"] if x != h][-15:] + [h]
+            c = Change("persist", path, "file", e.current, {"sha256": hashes}, {})
+        self.j.update(c)    # on disk before the file changes
+        atomic_write(path, data, mode)
+        self.j.wrote(c)
         return path
 
     def link(self, rel: str, target: str) -> str:
-        path = _p(self.root, rel)
+        path = os.path.normpath(_p(self.root, rel))
         self._mkdirs(os.path.dirname(path))
-        if path not in self.known:
-            self.record.append({"path": path, "backup": None})
-            self.known.add(path)
+        ours = self._entry(path, "link")
         if os.path.lexists(path):
+            if os.path.islink(path) and os.readlink(path) == target:
+                return path
+            if not ours:
+                raise HkError(f"persist: {path}: exists and is not hkgpu-tune's link: left alone")
             os.unlink(path)
+        c = Change("persist", path, "link", None, {"target": target}, {})
+        self.j.update(c)
         os.symlink(target, path)
+        fsync_dir(os.path.dirname(path))
+        self.j.wrote(c)
         return path
 
-    def save(self):
-        os.makedirs(self.state_dir, mode=0o700, exist_ok=True)
-        with open(self.record_path + ".tmp", "w") as f:
-            json.dump(self.record, f, indent=1)
-        os.replace(self.record_path + ".tmp", self.record_path)
+
+def _sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _read_regular(path: str, limit: int = 16 << 20) -> bytes:
+    """The bytes of a regular file, not following a link (HkError otherwise)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        raise HkError(f"{path}: cannot read: {e.strerror}", e.errno) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
+            raise HkError(f"{path}: not a regular file of at most {limit} bytes")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read(limit + 1)
+    finally:
+        os.close(fd)
+
+
+def _current_hash(path: str) -> str | None:
+    """sha256 of the file at path; None when absent; 'other' when it is not a regular file."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return "other"
+    return _sha(_read_regular(path))
+
+
+def undo_file(c: Change, state_dir: str) -> str:
+    """Put back what one persist entry changed; safe to run again (a file already back counts as
+    restored). Only a file whose content is one the tool wrote is removed or replaced: a file
+    changed since is kept and reported. Returns one line; HkError keeps the entry."""
+    path = c.target
+    if c.key == "dir":
+        try:
+            os.rmdir(path)
+        except FileNotFoundError:
+            return f"{path}/: already gone"
+        except OSError:
+            return f"kept {path}/: not empty or not a directory"
+        return f"removed {path}/"
+    if c.key == "link":
+        if not os.path.lexists(path):
+            return f"{path}: already gone"
+        if os.path.islink(path) and os.readlink(path) == c.desired["target"]:
+            os.unlink(path)
+            fsync_dir(os.path.dirname(path))
+            return f"removed {path}"
+        return f"kept {path}: no longer the link hkgpu-tune made"
+    orig, now = c.current, _current_hash(path)
+    if orig is None and now is None:
+        return f"{path}: already gone"
+    if orig is not None and now == orig["sha256"]:
+        _drop_backup(orig["backup"], state_dir)
+        return f"{path}: already restored"
+    if now is not None and now not in c.desired["sha256"]:
+        return f"kept {path}: changed since hkgpu-tune wrote it (not removed, not restored)"
+    if orig is None:
+        os.unlink(path)
+        fsync_dir(os.path.dirname(path))
+        return f"removed {path}"
+    data = _read_backup(orig, state_dir)
+    atomic_write(path, data, mode=orig.get("mode", 0o644))
+    _drop_backup(orig["backup"], state_dir)
+    return f"restored {path}"
+
+
+def _backup_path(backup: str, state_dir: str) -> str:
+    if os.path.dirname(backup) != os.path.join(os.path.abspath(state_dir), "backup"):
+        raise HkError(f"{backup}: a backup outside {state_dir}/backup: refused")
+    return backup
+
+
+def _read_backup(orig: dict, state_dir: str) -> bytes:
+    data = _read_regular(_backup_path(orig["backup"], state_dir))
+    if _sha(data) != orig["sha256"]:
+        raise HkError(f"{orig['backup']}: the backup changed since it was made: refused (the entry is kept)")
+    return data
+
+
+def _drop_backup(backup: str, state_dir: str) -> None:
+    try:
+        os.unlink(_backup_path(backup, state_dir))
+    except FileNotFoundError:
+        pass
+
+
+def _refuse_legacy(state_dir: str) -> None:
+    old = os.path.join(state_dir, LEGACY_RECORD)
+    if os.path.lexists(old):
+        raise StateError(f"{old}: a record of an older hkgpu-tune, without the hashes of the files it wrote: "
+                         "refused (check the files it lists by hand, remove or restore them, then delete it)")
 
 
 def sysctl_conf(profile, results) -> str:
     bad = {r.key for r in results if r.subsystem == "sysctl" and r.status in ("unsupported", "error")}
+    name = str(profile.name or profile.path)
     lines = ["# Written by hkgpu-tune apply --persist; `hkgpu-tune rollback` removes it.",
-             f"# Profile: {profile.name or profile.path}"]
+             f"# Profile: {name if not _CTRL.search(name) else '(name with control characters)'}"]
     for s in profile.sysctl:
+        for what, v in (("key", s.key), ("value", s.value)):
+            if _CTRL.search(str(v)):
+                raise HkError(f"persist: sysctl {s.key!r}: the {what} holds a line break or control character: "
+                              f"refused (nothing written to {SYSCTL_FILE})")
         if s.key in bad:
             lines.append(f"# {s.key} = {s.value}   (not supported on this host)")
         else:
@@ -163,7 +293,13 @@ WantedBy=multi-user.target
 def persist(engine, root: str = "/", profile_path: str | None = None) -> list[str]:
     """Write the persistent configuration; returns one line per thing done."""
     profile = engine.profile
-    w = Writer(root, engine.state.dir)
+    _refuse_legacy(engine.state.dir)
+    with engine.state.lock():
+        return _persist(engine, profile, root, profile_path)
+
+
+def _persist(engine, profile, root, profile_path) -> list[str]:
+    w = Writer(root, Journal(engine.state))
     done = []
     try:
         results = engine.verify()
@@ -200,8 +336,6 @@ def persist(engine, root: str = "/", profile_path: str | None = None) -> list[st
                 engine.b.cmd.run(["systemctl", "daemon-reload"])
     except OSError as e:
         raise HkError(f"persist: {e.filename or ''}: {e.strerror}", e.errno) from None
-    finally:
-        w.save()
     return done
 
 
@@ -229,32 +363,28 @@ def _owner_write(w: Writer, owner, link, mtu: int) -> str:
 
 
 def unpersist(state_dir: str) -> list[str]:
-    """Remove or restore every file persist wrote (newest first)."""
-    path = os.path.join(state_dir, RECORD)
-    try:
-        record = json.load(open(path))
-    except FileNotFoundError:
+    """Remove or restore every file persist wrote (newest first); each entry leaves the state file
+    as soon as its file is back. One line per file."""
+    st = State(state_dir)
+    if not st.check_dir():
         return []
-    except (OSError, ValueError) as e:
-        raise HkError(f"{path}: cannot read: {e}") from None
-    done = []
-    for r in reversed(record):
-        if r.get("dir"):
-            continue
-        if r["backup"]:
-            shutil.copy2(r["backup"], r["path"])
-            os.unlink(r["backup"])
-            done.append(f"restored {r['path']}")
-        elif os.path.lexists(r["path"]):
-            os.unlink(r["path"])
-            done.append(f"removed {r['path']}")
-    # then the directories it made, deepest first, each only when empty (something else may have
-    # put files there since)
-    for d in sorted((r["path"] for r in record if r.get("dir")), key=lambda p: p.count("/"), reverse=True):
-        try:
-            os.rmdir(d)
-            done.append(f"removed {d}/")
-        except OSError:
-            pass
-    os.unlink(path)
+    _refuse_legacy(st.dir)
+    done, errs = [], []
+    with st.lock():
+        entries = st.load()
+        for c in reversed(list(entries)):
+            if c.subsystem != "persist":
+                continue
+            try:
+                done.append(undo_file(c, st.dir))
+            except HkError as e:
+                errs.append(str(e))
+                continue
+            except OSError as e:
+                errs.append(f"{e.filename or c.target}: {e.strerror}")
+                continue
+            entries.remove(c)
+            st.save(entries)
+    if errs:
+        raise HkError("rollback of persisted files: " + "; ".join(errs) + (f" (done: {'; '.join(done)})" if done else ""))
     return done

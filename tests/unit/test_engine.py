@@ -196,8 +196,8 @@ def test_crash_mid_apply_then_rollback(tmp_path):
     with pytest.raises(Boom):
         eng.apply()
     assert b.net.links()[0]["mtu"] == 9000
-    saved = json.load(open(tmp_path / "state" / "state.json"))["changes"]
-    assert any(c["key"] == "mtu" and c["current"] == 1500 for c in saved)
+    saved = json.load(open(tmp_path / "state" / "state.json"))["entries"]
+    assert any(c["type"] == "link.mtu" and c["original"] == 1500 for c in saved)
     restored, errs = engine(tmp_path, b).rollback()
     assert not errs
     assert b.net.links()[0]["mtu"] == 1500 and b.sysctl.values["net.core.rmem_max"] == "212992"

@@ -12,6 +12,13 @@ def write(root, rel, text):
     return p
 
 
+def writer(root, state):
+    from hkgpu_tune.journal import Journal
+    from hkgpu_tune.persist import Writer
+    from hkgpu_tune.state import State
+    return Writer(str(root), Journal(State(state)))
+
+
 def test_no_owner(tmp_path):
     assert mtu_owner(str(tmp_path), LINK) is None
 
@@ -35,28 +42,26 @@ def test_networkd_glob(tmp_path):
 
 
 def test_unpersist_removes_the_directories_it_made_and_keeps_the_rest(tmp_path):
-    from hkgpu_tune.persist import Writer, unpersist
+    from hkgpu_tune.persist import unpersist
     root, state = tmp_path / "root", str(tmp_path / "state")
     (root / "etc/systemd/network").mkdir(parents=True)
     (root / "etc/sysctl.d").mkdir(parents=True)
     (root / "etc/sysctl.d/10-site.conf").write_text("x=1\n")
-    w = Writer(str(root), state)
+    w = writer(root, state)
     w.write("etc/systemd/network/20-data.network.d/60-hkgpu-tune.conf", "[Link]\nMTUBytes=9000\n")
     w.write("etc/sysctl.d/60-hkgpu-tune.conf", "y=2\n")
     w.link("etc/systemd/system/multi-user.target.wants/hkgpu-tune.service", "/x")
-    w.save()
     unpersist(state)
     left = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
     assert left == ["etc", "etc/sysctl.d", "etc/sysctl.d/10-site.conf", "etc/systemd", "etc/systemd/network"]
 
 
 def test_a_directory_it_made_that_now_holds_another_file_stays(tmp_path):
-    from hkgpu_tune.persist import Writer, unpersist
+    from hkgpu_tune.persist import unpersist
     root, state = tmp_path / "root", str(tmp_path / "state")
     root.mkdir()
-    w = Writer(str(root), state)
+    w = writer(root, state)
     w.link("etc/systemd/system/multi-user.target.wants/hkgpu-tune.service", "/x")
-    w.save()
     (root / "etc/systemd/system/multi-user.target.wants/other.service").write_text("")
     done = unpersist(state)
     left = sorted(str(p.relative_to(root)) for p in root.rglob("*"))
