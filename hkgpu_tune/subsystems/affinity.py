@@ -27,6 +27,7 @@ import shlex
 from dataclasses import dataclass
 
 from ..errors import ApplyError, HkError, UnsupportedError
+from ..match import matches
 from ..profile import IFNAME_RE, MAC_RE, PCI_RE, Match
 from ..report import DRIFT, OK, UNSUPPORTED
 from .base import Subsystem
@@ -272,13 +273,6 @@ def unit_lines(placement: dict) -> list[str]:
     return out
 
 
-def _matches(m: Match, nic: dict) -> bool:
-    return all((
-        not m.name or nic["name"] == m.name, not m.mac or nic["mac"] == m.mac,
-        not m.driver or nic["driver"] == m.driver, not m.pci or nic["pci"] == m.pci,
-        not m.default_route or nic["default_route"]))
-
-
 def _processes(fs, name: str) -> list[dict]:
     out = []
     for pid in fs.listdir("/proc"):
@@ -356,7 +350,7 @@ class Plugin(Subsystem):
         res, pinned = [], []
         nodes = {n: parse_cpulist(c) for n, c in st["nodes"].items()}
         for rule in self.cfg.nics:
-            found = [n for n in st["nics"] if _matches(rule.match, n)]
+            found = [n for n in st["nics"] if matches(rule.match, n)]
             if not found:
                 res.append(self.result(f"match {rule.match.describe()}", "irq_affinity", None, rule.irq_cpus,
                                        OK if rule.optional else UNSUPPORTED, "no PCI network interface matches",
