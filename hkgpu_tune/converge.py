@@ -10,7 +10,9 @@ The Ansible module `hkgpu` is a thin shell over `converge()`; so can any other t
 """
 from __future__ import annotations
 
+import errno
 import os
+import stat
 
 from .errors import HkError, ProfileError
 from .fsutil import atomic_write
@@ -94,13 +96,7 @@ def write_files(files, check: bool) -> tuple[bool, list[dict]]:
             raise HkError(f"files[{i}].mode: expected an octal mode such as '0644', got {f.get('mode')!r}") from None
         if not 0 <= mode <= 0o7777:
             raise HkError(f"files[{i}].mode: expected an octal mode such as '0644', got {f.get('mode')!r}")
-        try:
-            with open(path, "rb") as fh:
-                old = fh.read().decode("utf-8", "replace")
-        except FileNotFoundError:
-            old = None
-        except OSError as e:
-            raise HkError(f"{path}: cannot read: {e.strerror}", e.errno) from None
+        old = _read_role_file(path)
         if old == content:
             continue
         changed = True
@@ -108,6 +104,25 @@ def write_files(files, check: bool) -> tuple[bool, list[dict]]:
         if not check:
             atomic_write(path, content, mode=mode)
     return changed, diffs
+
+
+def _read_role_file(path: str, limit: int = 1 << 20) -> str | None:
+    """The current text of a role file; None when missing. Never follows a link, never blocks on a
+    FIFO, never reads a device: those are refused, as atomic_write would refuse to replace them."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise HkError(f"{path}: refusing to replace it: it is a link", e.errno) from None
+        raise HkError(f"{path}: cannot read: {e.strerror}", e.errno) from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise HkError(f"{path}: refusing to replace it: it is not a regular file")
+        return os.read(fd, limit).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
 
 
 def _failure_lines(results) -> str:

@@ -1,0 +1,90 @@
+"""The Ansible module run as Ansible runs it (the module file, its arguments in a JSON file), against
+hostile node files: a FIFO or a huge file where the node profile should be, a planted link next to a
+role file. It must answer with one failure message, never hang, never write through a link."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODULE = os.path.join(ROOT, "roles", "hkgpu", "library", "hkgpu.py")
+TIMEOUT = 30
+
+pytest.importorskip("ansible", reason="the module needs ansible-core")
+
+
+def module(tmp_path, check=False, **args):
+    """Run the module; its JSON answer. A hang is a failure."""
+    a = {"profile_path": str(tmp_path / "node.yaml"), "state_dir": str(tmp_path / "state"), **args,
+         "_ansible_check_mode": check}
+    f = tmp_path / "args.json"
+    f.write_text(json.dumps({"ANSIBLE_MODULE_ARGS": a}))
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    try:
+        p = subprocess.run([sys.executable, MODULE, str(f)], capture_output=True, text=True, timeout=TIMEOUT,
+                           env=env, cwd=str(tmp_path))
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the module did not answer in {TIMEOUT} s (blocked reading the node profile?)")
+    assert "Traceback" not in p.stdout + p.stderr, p.stdout + p.stderr
+    return json.loads(p.stdout)
+
+
+SYSCTL = {"sysctl": {"kernel.ostype": {"value": "Linux", "compare": "exact"}}}
+
+
+def test_a_fifo_as_the_node_profile_fails_instead_of_hanging(tmp_path):
+    os.mkfifo(tmp_path / "node.yaml")
+    out = module(tmp_path, profile=SYSCTL, only=["sysctl"])
+    assert out["failed"] and f"{tmp_path}/node.yaml: not a regular file" in out["msg"]
+    assert not (tmp_path / "state").exists()
+
+
+def test_a_huge_node_profile_is_refused(tmp_path):
+    (tmp_path / "node.yaml").write_text("name: node\n" + "#" * (3 << 20) + "\n")
+    out = module(tmp_path, profile=SYSCTL, only=["sysctl"])
+    assert out["failed"] and "larger than 1048576 bytes" in out["msg"]
+
+
+def test_an_injected_line_in_a_role_variable_is_refused_and_nothing_written(tmp_path):
+    before = "name: node\n"
+    (tmp_path / "node.yaml").write_text(before)
+    bad = {"sysctl": {"kernel.ostype": "Linux\nkernel.core_pattern = |/tmp/x"}}
+    out = module(tmp_path, profile=bad, only=["sysctl"])
+    assert out["failed"] and "sysctl.kernel.ostype: contains the control character" in out["msg"]
+    assert "nothing written" in out["msg"] and (tmp_path / "node.yaml").read_text() == before
+
+
+def test_role_files_are_never_written_through_a_planted_link(tmp_path):
+    """Before, a role file went through `path + '.tmp'` opened with O_CREAT and no O_NOFOLLOW:
+    a link planted there made root write the content wherever the link pointed."""
+    (tmp_path / "node.yaml").write_text("name: node\n")
+    victim = tmp_path / "victim"
+    victim.write_text("untouched\n")
+    unit = tmp_path / "hkgpu.service"
+    os.symlink(victim, str(unit) + ".tmp")
+    out = module(tmp_path, state="verified", only=["sysctl"],
+                 files=[{"path": str(unit), "content": "[Unit]\n", "mode": "0644"}])
+    assert not out.get("failed"), out
+    assert victim.read_text() == "untouched\n" and unit.read_text() == "[Unit]\n"
+    assert not unit.is_symlink() and os.stat(unit).st_mode & 0o777 == 0o644
+
+
+def test_a_role_file_that_is_a_link_is_not_replaced(tmp_path):
+    (tmp_path / "node.yaml").write_text("name: node\n")
+    victim = tmp_path / "victim"
+    victim.write_text("untouched\n")
+    unit = tmp_path / "hkgpu.service"
+    unit.symlink_to(victim)
+    out = module(tmp_path, state="verified", only=["sysctl"], files=[{"path": str(unit), "content": "[Unit]\n"}])
+    assert out["failed"] and "refusing to replace it: it is a link" in out["msg"]
+    assert victim.read_text() == "untouched\n" and unit.is_symlink()
+
+
+def test_a_role_file_that_is_a_fifo_is_refused_without_blocking(tmp_path):
+    (tmp_path / "node.yaml").write_text("name: node\n")
+    os.mkfifo(tmp_path / "hkgpu.service")
+    out = module(tmp_path, state="verified", only=["sysctl"],
+                 files=[{"path": str(tmp_path / "hkgpu.service"), "content": "[Unit]\n"}])
+    assert out["failed"] and "it is not a regular file" in out["msg"]
