@@ -179,26 +179,46 @@ def test_qdisc_drift_on_one_queue(pair, tmp_path):
     assert "noqueue" in sh("tc", "qdisc", "show", "dev", pair.a, ns=pair.A).stdout
 
 
+def probe_pings(ns: str, addr: str) -> list[int]:
+    """Pids of ping processes to addr running inside network namespace ns."""
+    want = os.stat(f"/run/netns/{ns}").st_ino
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            if os.path.basename(argv[0]) == b"ping" and addr.encode() in argv \
+                    and os.stat(f"/proc/{pid}/ns/net").st_ino == want:
+                pids.append(int(pid))
+        except OSError:
+            continue   # gone meanwhile
+    return pids
+
+
 def test_kill_9_during_apply_then_rollback(pair, tmp_path):
-    """A peer that never answers keeps apply in its MTU probe; kill -9 it there, then roll back."""
+    """A peer that never answers keeps apply in its MTU probe, which runs only after every write;
+    kill -9 it once its ping is running in the namespace, then roll back."""
     extra = "  probe: {count: 5, timeout_s: 5}\n"
-    p = profile(tmp_path, pair, extra=extra).replace(pair.ipb, f"198.18.{pair.net}.77")
+    silent = f"198.18.{pair.net}.77"
     p2 = tmp_path / "k.yaml"
-    p2.write_text(open(p).read())
+    p2.write_text(open(profile(tmp_path, pair, extra=extra)).read().replace(pair.ipb, silent))
     st = tmp_path / "st"
     argv = ["ip", "netns", "exec", pair.A, sys.executable, "-m", "hkgpu_tune", "apply", "--profile", str(p2),
             "--state-dir", str(st)]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        end = time.monotonic() + 20
-        while "mtu 9000" not in sh("ip", "link", "show", pair.a, ns=pair.A).stdout:
+        end = time.monotonic() + 30
+        while not probe_pings(pair.A, silent):
             assert time.monotonic() < end and proc.poll() is None, "apply never reached the probe"
             time.sleep(0.05)
         os.killpg(proc.pid, signal.SIGKILL)
     finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     assert (st / "state.json").exists()
+    assert "mtu 9000" in sh("ip", "link", "show", pair.a, ns=pair.A).stdout
     assert "generic-receive-offload: on" in sh("ethtool", "-k", pair.a, ns=pair.A).stdout
+    assert "qdisc mq 1: root" in sh("tc", "qdisc", "show", "dev", pair.a, ns=pair.A).stdout
     r = pair.hk("rollback", state=st)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "mtu 1500" in sh("ip", "link", "show", pair.a, ns=pair.A).stdout
