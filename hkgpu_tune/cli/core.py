@@ -115,30 +115,34 @@ def run_apply(ctx: Context) -> int:
 
 
 def run_rollback(ctx: Context) -> int:
+    from ..engine import Engine
     from ..errors import ProfileError
-    from ..persist import unpersist
     from ..profile import Profile
     try:
-        ctx.profile
+        profile = ctx.profile
     except ProfileError as e:
         # rollback needs only the saved originals: a broken profile must not block it
         print(f"hkgpu-tune: warning: {e} (rolling back from the state file alone)", file=sys.stderr)
-        ctx._profile = Profile(path="(none)")
-    eng, only = ctx.engine, ctx.only()
-    restored, errs = eng.rollback(only=only, forget=ctx.args.forget)
-    # persisted files are not per subsystem: only a whole rollback removes them
-    files = unpersist(eng.state.dir) if not only else []
+        profile = ctx._profile = Profile(path="(none)")
+    only = ctx.only()
+    # every subsystem stays loadable: --only narrows what is restored (and may name "persist")
+    eng = ctx._engine = Engine(profile, state_dir=ctx.args.state_dir)
+    rep = eng.rollback(only=only, forget=ctx.args.forget)
     if ctx.json:
-        print(json.dumps({"restored": [c.to_dict() for c in restored], "files": files, "errors": errs},
-                         indent=2, default=str))
+        print(json.dumps({"restored": [c.to_dict() for c in rep.restored], "files": rep.files,
+                          "kept": [c.to_dict() for c in rep.kept], "forgotten": rep.forgotten,
+                          "errors": rep.errors}, indent=2, default=str))
     else:
-        for f in files:
+        for f in rep.files:
             ctx.line(f)
-        if not restored and not files:
+        if not rep.restored and not rep.errors and not rep.forgotten:
             ctx.line(f"nothing to roll back (no saved originals in {eng.state.dir}"
                      + (f" for {','.join(only)})" if only else ")"))
-        for c in reversed(restored):
-            ctx.line(f"restored {c.subsystem} {c.target} {c.key} = {c.current}")
-        for e in errs:
+        for c in rep.restored:
+            if c.subsystem != "persist":
+                ctx.line(f"restored {c.subsystem} {c.target} {c.key} = {c.current}")
+        for f in rep.forgotten:
+            ctx.line(("forgotten:", "yellow"), f" {f}")
+        for e in rep.errors:
             ctx.line(("error:", "red"), f" {e}")
-    return EXIT_ERROR if errs else EXIT_OK
+    return EXIT_ERROR if rep.errors else EXIT_OK
