@@ -163,6 +163,9 @@ class Engine:
         rep = RollbackReport()
         if not self.state.check_dir():
             return rep
+        if not only or "persist" in only:
+            from .persist import _refuse_legacy
+            _refuse_legacy(self.state.dir)
         with self.state.lock():
             entries = self.state.load()
             for c in reversed(list(entries)):

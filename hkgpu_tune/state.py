@@ -190,8 +190,15 @@ class State:
             self.clear()
             return
         self.check_dir(create=True)
-        doc = {"format": 2, "tool": "hkgpu-tune", "saved": time.time(),
-               "entries": [settings.to_entry(c) for c in changes], "log": self.log[-LOG_MAX:]}
+        entries = []
+        for c in changes:
+            try:
+                entries.append(settings.to_entry(c))
+            except ValueError as e:
+                raise StateError(f"{self.path}: will not save {c.subsystem} {c.target} {c.key}: {e} "
+                                 "(a setting no type allows)") from None
+        doc = {"format": 2, "tool": "hkgpu-tune", "saved": time.time(), "entries": entries,
+               "log": self.log[-LOG_MAX:]}
         atomic_write(self.path, json.dumps(doc, indent=1, default=str) + "\n", mode=0o600)
 
     def clear(self) -> None:
