@@ -97,10 +97,11 @@ def configs(model, grid: Grid, mps_available: bool) -> list[tuple[dict, str, boo
     if any(mps_opts) and not mps_available:
         raise HkError("triton sweep: MPS asked for, but the profile has no mps section or its daemon is not running")
     out, seen = [], set()
-    for mb, delay, inst, pref, mps in itertools.product(grid.max_batch or [base["max_batch_size"]],
+    # MPS outermost: the sweep's server restarts only when it flips
+    for mps, mb, delay, inst, pref in itertools.product(mps_opts, grid.max_batch or [base["max_batch_size"]],
                                                          grid.delay_us or [cur_delay],
                                                          grid.instances or [cur_inst],
-                                                         grid.preferred or ["profile"], mps_opts):
+                                                         grid.preferred or ["profile"]):
         if mb < 1 or delay < 0 or inst < 1:
             raise HkError(f"triton sweep: max_batch {mb}, delay {delay} us and instances {inst} must be positive")
         cfg = copy.deepcopy(base)

@@ -1,0 +1,456 @@
+"""Serve and prove on the H200, side by side in one run (at most 10 minutes):
+
+  naive   eager fp32 ResNet-50, batch 1, one request at a time, a plain HTTP server (bench/naive_server.py)
+  tuned   the toolkit's Triton service (`hkgpu-tune triton start`) with the config `triton sweep` found
+          best under the p99 SLO, MPS where it helps
+  limit   the same torch engine in-process: best batch, no server
+
+All three are loaded by the same load generator (hkgpu_tune.triton.loadgen): one image per request,
+several processes, many requests in flight. GPU utilisation is sampled with NVML over the tuned run.
+Writes serve-h200.json and serve-h200.png into --out, and prints the targets with pass/fail.
+
+    python3 bench/serve_h200.py --out docs/perf            # on the GPU machine
+    python3 bench/serve_h200.py --quick --out /tmp/x       # a short run (smoke test)
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, REPO)
+
+from hkgpu_tune.errors import HkError  # noqa: E402
+from hkgpu_tune.triton import loadgen, sweep  # noqa: E402
+
+SETTINGS = ("persistence_mode,compute_mode,mig.mode.current,ecc.mode.current,power.limit,"
+            "clocks.applications.graphics,clocks.applications.memory")
+TARGETS = {"throughput_x_naive": 20.0, "tuned_p99_ms": 15.0, "gpu_util_pct": 80.0, "x_limit": 0.5,
+           "p99_cut_at_naive_load_pct": 85.0, "launch_to_ready_s": 60.0}
+T0 = time.monotonic()
+
+
+def log(msg: str) -> None:
+    print(f"[{time.monotonic() - T0:6.1f} s] {msg}", flush=True)
+
+
+def sh(*argv) -> str:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"({argv[0]}: {e})"
+
+
+def versions() -> dict:
+    out = {"python": sys.version.split()[0], "cpus": os.cpu_count()}
+    q = sh("nvidia-smi", "--query-gpu=name,driver_version,memory.total,pci.bus_id", "--format=csv,noheader")
+    out["nvidia_smi"] = q
+    parts = [p.strip() for p in q.split(",")]
+    out["gpu"], out["driver"] = (parts[0], parts[1]) if len(parts) >= 2 else ("none", "none")
+    out["cuda"] = next((ln.split("CUDA Version:")[1].split()[0] for ln in sh("nvidia-smi").splitlines()
+                        if "CUDA Version:" in ln), "none")
+    for mod in ("torch", "torchvision", "numpy", "aiohttp"):
+        try:
+            out[mod] = __import__(mod).__version__
+        except Exception:   # absent, or broken (a torchvision built for another torch)
+            out[mod] = "absent"
+    try:
+        from importlib.metadata import version
+        out["nvidia_pytriton"] = version("nvidia-pytriton")
+    except Exception:
+        out["nvidia_pytriton"] = "absent"
+    return out
+
+
+class GpuSampler:
+    """NVML utilisation every 100 ms, in a thread, between start() and stop()."""
+
+    def __init__(self):
+        self.samples: list[tuple[float, int, int]] = []
+        self._stop = threading.Event()
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            self.nv, self.h = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception as e:
+            self.nv, self.why = None, str(e)
+
+    def _run(self):
+        while not self._stop.wait(0.1):
+            u = self.nv.nvmlDeviceGetUtilizationRates(self.h)
+            self.samples.append((time.monotonic() - T0, u.gpu, u.memory))
+
+    def start(self):
+        self.samples, self._stop = [], threading.Event()
+        if self.nv:
+            self.th = threading.Thread(target=self._run, daemon=True)
+            self.th.start()
+        return self
+
+    def stop(self) -> dict:
+        self._stop.set()
+        if not self.nv:
+            return {"gpu_util_pct": None, "why": self.why}
+        self.th.join()
+        vals = sorted(s[1] for s in self.samples)
+        return {"gpu_util_pct": round(sum(vals) / len(vals), 1) if vals else None,
+                "gpu_util_p10": vals[len(vals) // 10] if vals else None, "samples": len(vals),
+                "series": [[round(t, 2), g] for t, g, _ in self.samples]}
+
+
+def free_port() -> int:
+    import socket
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    p = s.getsockname()[1]
+    s.close()
+    return p
+
+
+# ---------------------------------------------------------------- limit
+def limit_main(args) -> None:
+    """In-process: the torch engine at each batch, input already on the GPU, and with the copies."""
+    from hkgpu_tune.triton.torch_model import TorchEngine
+    import torch
+    batches = [int(b) for b in args.limit_batches.split(",")]
+    t0 = time.monotonic()
+    eng = TorchEngine(args.model, batches, device="cuda:0")
+    out = {"capture_s": round(time.monotonic() - t0, 1), "batches": {}}
+    for b in batches:
+        for _ in range(5):
+            eng.run_device(b)
+        torch.cuda.synchronize()
+        n, t1 = 0, time.perf_counter()
+        while time.perf_counter() - t1 < args.limit_seconds:
+            for _ in range(10):
+                eng.run_device(b)
+            torch.cuda.synchronize()
+            n += 10
+        dev = n * b / (time.perf_counter() - t1)
+        m, t2 = 0, time.perf_counter()
+        while time.perf_counter() - t2 < args.limit_seconds / 2:
+            eng.run_pinned(b)
+            m += 1
+        pin = m * b / (time.perf_counter() - t2)
+        out["batches"][b] = {"img_s": round(dev, 1), "ms_per_batch": round(b / dev * 1000, 3),
+                             "with_copies_img_s": round(pin, 1)}
+    best = max(out["batches"].items(), key=lambda kv: kv[1]["img_s"])
+    out["limit_img_s"], out["limit_batch"] = best[1]["img_s"], int(best[0])
+    print("LIMIT " + json.dumps(out), flush=True)
+
+
+def run_limit(args) -> dict:
+    p = subprocess.run([sys.executable, __file__, "--limit-only", "--model", args.model,
+                        "--limit-batches", args.limit_batches, "--limit-seconds", str(args.limit_seconds)],
+                       capture_output=True, text=True, timeout=300)
+    for ln in p.stdout.splitlines():
+        if ln.startswith("LIMIT "):
+            return json.loads(ln[6:])
+    raise HkError(f"limit run failed (exit {p.returncode}): {p.stderr[-1500:]}")
+
+
+# ---------------------------------------------------------------- naive
+def run_naive(args) -> dict:
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, os.path.join(HERE, "naive_server.py"), "--port", str(port),
+                             "--model", args.model], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        t0 = time.monotonic()
+        line = proc.stdout.readline()
+        if "READY" not in line:
+            raise HkError(f"naive server did not start: {proc.stderr.read()[-1500:]}")
+        out = {"ready_s": round(time.monotonic() - t0, 1)}
+        spec = loadgen.LoadSpec("127.0.0.1", port, args.model, "INPUT", "FP32", [1, 3, 224, 224],
+                                raw_path="/infer", concurrency=1, processes=1, duration_s=args.naive_seconds,
+                                warmup_s=1.0)
+        out["one_at_a_time"] = loadgen.run(spec)
+        log(f"naive, one client: {loadgen.line(out['one_at_a_time'])}")
+        spec = dataclasses.replace(spec, concurrency=args.naive_concurrency, processes=2)
+        out["saturated"] = loadgen.run(spec)
+        log(f"naive, {args.naive_concurrency} in flight (saturation): {loadgen.line(out['saturated'])}")
+        return out
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+# ---------------------------------------------------------------- tuned
+def hk(*argv, timeout=300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hkgpu_tune", *argv], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
+
+def tuned_profile(args, workdir: str) -> str:
+    """The bench profile, copied (the sweep writes its best config into the copy, not the source)."""
+    dst = os.path.join(workdir, "profile.yaml")
+    shutil.copyfile(args.profile, dst)
+    return dst
+
+
+def serve_and_measure(args, prof: str, t, model, res: dict, mps: bool) -> None:
+    """Start the toolkit's service from the profile, measure, stop."""
+    start = time.monotonic()
+    p = hk("triton", "start", "-p", prof, "--no-gate", "--json", timeout=300)
+    if p.returncode != 0:
+        raise HkError(f"hkgpu-tune triton start failed: {(p.stderr or p.stdout).strip()[-1500:]}")
+    doc = json.loads(p.stdout)
+    res["launch_to_ready_s"] = round(time.monotonic() - start, 1)
+    res["service"] = {k: doc["service"].get(k) for k in ("target", "pid", "how", "state") if k in doc["service"]}
+    log(f"tuned service ready in {res['launch_to_ready_s']} s (CUDA graphs captured)")
+    try:
+        v = hk("verify", "--only", "triton", "-p", prof, "--json")
+        res["verify_exit"] = v.returncode
+        try:
+            res["verify"] = [{k: r.get(k) for k in ("target", "key", "current", "status", "reason")}
+                             for r in json.loads(v.stdout).get("results", [])]
+        except ValueError:
+            res["verify"] = v.stdout[-800:] + v.stderr[-800:]
+        spec = sweep.spec_for(t, model, args.concurrency_final, args.final_seconds, args.processes, args.shm)
+        loadgen.run(dataclasses.replace(spec, duration_s=3, warmup_s=1))   # warm the connections and batcher
+        sampler = GpuSampler().start()
+        r = loadgen.run(spec)
+        gpu = sampler.stop()
+        res["load"], res["gpu"] = r, gpu
+        log(f"tuned ({'MPS' if mps else 'no MPS'}), {args.concurrency_final} in flight: {loadgen.line(r)}; "
+            f"GPU {gpu.get('gpu_util_pct')}%")
+        if args.naive_rate:
+            o = loadgen.run(dataclasses.replace(spec, rate=args.naive_rate, concurrency=512,
+                                                duration_s=args.naive_seconds))
+            res["at_naive_load"] = o
+            log(f"tuned at the naive server's saturation load ({args.naive_rate:.0f} req/s): {loadgen.line(o)}")
+        if args.also_http:
+            h = loadgen.run(dataclasses.replace(spec, shm=not args.shm, duration_s=args.naive_seconds))
+            res["other_transport"] = h
+            log(f"tuned, {h['transport']}: {loadgen.line(h)}")
+    finally:
+        s = hk("triton", "stop", "-p", prof, "--json")
+        res["stop_exit"] = s.returncode
+
+
+def triton_section(path: str):
+    from hkgpu_tune.profile import load_profile
+    from hkgpu_tune.subsystems import triton
+    return triton.check_models(triton.section(load_profile(path)))   # with the mps section's directories
+
+
+def run_tuned(args, workdir: str) -> dict:
+    prof = tuned_profile(args, workdir)
+    t = triton_section(prof)
+    model = t.model(args.model)
+    res = {"profile": os.path.relpath(args.profile, REPO), "engine": model.engine, "engine_why": model.engine_reason}
+    mps_on = False
+    if args.mps and getattr(t, "mps", None) is not None and shutil.which("nvidia-cuda-mps-control"):
+        p = hk("mps", "start", "-p", prof)
+        res["mps_start"] = (p.stdout + p.stderr).strip()[-400:]
+        mps_on = p.returncode == 0 and sweep.mps_running(t)
+        log(f"MPS daemon {'started' if mps_on else 'not started: ' + res['mps_start']}")
+    try:
+        grid = sweep.Grid(max_batch=args.max_batch, delay_us=args.delay_us, instances=args.instances,
+                          mps=[False, True] if mps_on else [False], concurrency=args.concurrency)
+        rep = sweep.run(t, args.model, grid, args.slo_ms, args.sweep_budget_s, duration_s=args.sweep_seconds,
+                        processes=args.processes, shm=args.shm, log=log)
+        res["sweep"] = rep.to_dict()
+        res["sweep_table"] = sweep.table(rep)
+        print(res["sweep_table"], flush=True)
+        bad = sweep.failure(rep)
+        if bad:
+            raise HkError(bad)
+        sweep.write_back(prof, args.model, rep)
+        best_mps = rep.best.mps
+        res["best_config"] = rep.best.label
+        if not args.concurrency_final:   # the load level at which the best config did best
+            args.concurrency_final = rep.best.best["concurrency"]
+        if mps_on and not best_mps:
+            # the service runs without MPS: give the profile no mps section for Triton
+            with open(prof) as f:
+                text = f.read()
+            with open(prof, "w") as f:
+                f.write(text.split("\nmps:")[0] + "\n")
+        t = triton_section(prof)
+        model = t.model(args.model)
+        serve_and_measure(args, prof, t, model, res, best_mps)
+        res["mps"] = best_mps
+    finally:
+        if mps_on:
+            p = hk("mps", "stop", "-p", args.profile)
+            res["mps_stop"] = (p.stdout + p.stderr).strip()[-300:]
+    return res
+
+
+# ---------------------------------------------------------------- report
+def chart(rec: dict, path: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(2, 2, figsize=(13, 9), dpi=100)
+    a = ax[0][0]
+    names = ["naive", "tuned", "in-process limit"]
+    vals = [rec.get("naive_img_s") or 0, rec.get("tuned_img_s") or 0, rec.get("limit_img_s") or 0]
+    bars = a.bar(names, vals, color=["#bbbbbb", "#2a7ab9", "#7bb661"])
+    a.bar_label(bars, labels=[f"{v:,.0f}" for v in vals])
+    a.set_ylabel("img/s")
+    a.set_title("throughput (ResNet-50, one image per request)")
+    a = ax[0][1]
+    nl = rec.get("naive_sat_p99_ms") or 0
+    tl = rec.get("tuned_p99_at_naive_load_ms") or 0
+    bars = a.bar(["naive at saturation", "tuned, same offered load"], [nl, tl], color=["#bbbbbb", "#2a7ab9"])
+    a.bar_label(bars, labels=[f"{nl:.1f} ms", f"{tl:.1f} ms"])
+    a.set_ylabel("client p99 (ms)")
+    a.set_title(f"p99 at the naive server's saturation load ({rec.get('naive_img_s') or 0:.0f} req/s)")
+    a = ax[1][0]
+    sw = (rec.get("tuned") or {}).get("sweep") or {}
+    for p in sw.get("points", []):
+        if p["loads"]:
+            a.plot([r["p99_ms"] for r in p["loads"]], [r["img_s"] for r in p["loads"]], marker="o", ms=3, lw=1,
+                   label=p["label"])
+    if sw.get("slo_ms"):
+        a.axvline(sw["slo_ms"], color="red", ls="--", lw=1, label=f"SLO {sw['slo_ms']:g} ms")
+    if sw.get("best") and sw["best"].get("best"):
+        b = sw["best"]["best"]
+        a.scatter([b["p99_ms"]], [b["img_s"]], s=200, facecolors="none", edgecolors="black", lw=2, zorder=5,
+                  label="chosen")
+    a.set_xscale("log")
+    a.set_xlabel("client p99 (ms)")
+    a.set_ylabel("img/s")
+    a.set_title("triton sweep")
+    a.legend(fontsize=6)
+    a.grid(True, alpha=0.3)
+    a = ax[1][1]
+    series = ((rec.get("tuned") or {}).get("gpu") or {}).get("series") or []
+    if series:
+        t0 = series[0][0]
+        a.plot([s[0] - t0 for s in series], [s[1] for s in series], lw=1)
+    a.axhline(80, color="red", ls="--", lw=1, label="target 80%")
+    a.set_ylim(0, 105)
+    a.set_xlabel("s into the tuned load")
+    a.set_ylabel("GPU utilisation (NVML, %)")
+    a.set_title(f"GPU during the tuned load: mean {rec.get('gpu_util_pct')}%")
+    a.legend(fontsize=7)
+    fig.suptitle(f"hkgpu-tune serving bench, {rec.get('gpu')}, {rec.get('date')}")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def summarise(rec: dict) -> dict:
+    naive, tuned, limit = rec.get("naive") or {}, rec.get("tuned") or {}, rec.get("limit") or {}
+    rec["naive_img_s"] = (naive.get("saturated") or {}).get("img_s")
+    rec["naive_one_at_a_time_img_s"] = (naive.get("one_at_a_time") or {}).get("img_s")
+    rec["naive_sat_p99_ms"] = (naive.get("saturated") or {}).get("p99_ms")
+    rec["tuned_img_s"] = (tuned.get("load") or {}).get("img_s")
+    rec["tuned_p99_ms"] = (tuned.get("load") or {}).get("p99_ms")
+    rec["tuned_p99_at_naive_load_ms"] = (tuned.get("at_naive_load") or {}).get("p99_ms")
+    rec["gpu_util_pct"] = (tuned.get("gpu") or {}).get("gpu_util_pct")
+    rec["limit_img_s"] = limit.get("limit_img_s")
+    rec["launch_to_ready_s"] = tuned.get("launch_to_ready_s")
+    checks = {}
+
+    def ratio(a, b):
+        return round(a / b, 2) if a and b else None
+    rec["throughput_x_naive"] = ratio(rec["tuned_img_s"], rec["naive_img_s"])
+    rec["x_limit"] = ratio(rec["tuned_img_s"], rec["limit_img_s"])
+    rec["p99_cut_at_naive_load_pct"] = (round(100 * (1 - rec["tuned_p99_at_naive_load_ms"] / rec["naive_sat_p99_ms"]), 1)
+                                        if rec["tuned_p99_at_naive_load_ms"] and rec["naive_sat_p99_ms"] else None)
+    for k, target in TARGETS.items():
+        v = rec.get(k)
+        ok = None if v is None else (v <= target if k in ("tuned_p99_ms", "launch_to_ready_s") else v >= target)
+        checks[k] = {"value": v, "target": target, "pass": ok}
+    rec["targets"] = checks
+    return rec
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=os.path.join(REPO, "docs", "perf"))
+    ap.add_argument("--profile", default=os.path.join(HERE, "h200-resnet50.yaml"))
+    ap.add_argument("--model", default="resnet50")
+    ap.add_argument("--quick", action="store_true", help="short loads and a small sweep (smoke test)")
+    ap.add_argument("--slo-ms", type=float, default=15.0)
+    ap.add_argument("--no-naive", action="store_true")
+    ap.add_argument("--no-limit", action="store_true")
+    ap.add_argument("--no-mps", dest="mps", action="store_false")
+    ap.add_argument("--also-http", action="store_true", help="also measure the other transport at the best config")
+    ap.add_argument("--shm", action=argparse.BooleanOptionalAction, default=True,
+                    help="inputs in system shared memory (default) or binary HTTP bodies")
+    ap.add_argument("--processes", type=int, default=6)
+    ap.add_argument("--max-batch", type=lambda v: [int(x) for x in v.split(",")], default=[64, 128])
+    ap.add_argument("--delay-us", type=lambda v: [int(x) for x in v.split(",")], default=[1000])
+    ap.add_argument("--instances", type=lambda v: [int(x) for x in v.split(",")], default=[2, 4])
+    ap.add_argument("--concurrency", type=lambda v: [int(x) for x in v.split(",")], default=[64, 128, 256])
+    ap.add_argument("--concurrency-final", type=int, default=0, help="default: the sweep's best level")
+    ap.add_argument("--sweep-budget-s", type=float, default=220)
+    ap.add_argument("--sweep-seconds", type=float, default=4)
+    ap.add_argument("--final-seconds", type=float, default=20)
+    ap.add_argument("--naive-seconds", type=float, default=10)
+    ap.add_argument("--naive-concurrency", type=int, default=8)
+    ap.add_argument("--limit-batches", default="32,64,128,256")
+    ap.add_argument("--limit-seconds", type=float, default=3)
+    ap.add_argument("--limit-only", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.limit_only:
+        limit_main(args)
+        return 0
+    if args.quick:
+        args.sweep_budget_s, args.sweep_seconds, args.final_seconds, args.naive_seconds = 60, 2, 5, 4
+        args.max_batch, args.delay_us, args.instances = args.max_batch[:1], args.delay_us[:1], args.instances[:1]
+        args.concurrency, args.limit_seconds = args.concurrency[:2], 1
+    os.makedirs(args.out, exist_ok=True)
+    rec = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "command": "python3 bench/serve_h200.py " + " ".join(sys.argv[1:]), **versions()}
+    rec["settings_before"] = sh("nvidia-smi", f"--query-gpu={SETTINGS}", "--format=csv")
+    log(f"{rec['gpu']}, driver {rec['driver']}, CUDA {rec['cuda']}, torch {rec['torch']}")
+    workdir = "/tmp/hkgpu-bench"
+    shutil.rmtree(workdir, ignore_errors=True)
+    os.makedirs(workdir)
+    errors = []
+    try:
+        if not args.no_limit:
+            rec["limit"] = run_limit(args)
+            log(f"in-process limit: {rec['limit']['limit_img_s']:.0f} img/s at batch {rec['limit']['limit_batch']} "
+                f"(graphs captured in {rec['limit']['capture_s']} s): {rec['limit']['batches']}")
+        args.naive_rate = None
+        if not args.no_naive:
+            rec["naive"] = run_naive(args)
+            args.naive_rate = rec["naive"]["saturated"]["img_s"]
+        rec["tuned"] = {}
+        try:
+            rec["tuned"] = run_tuned(args, workdir)
+        except HkError as e:
+            errors.append(str(e))
+            log(f"tuned: {e}")
+    finally:
+        rec["settings_after"] = sh("nvidia-smi", f"--query-gpu={SETTINGS}", "--format=csv")
+        rec["settings_unchanged"] = rec["settings_after"] == rec["settings_before"]
+        rec["mps_left"] = [ln for ln in sh("ps", "-eo", "pid,args").splitlines() if "nvidia-cuda-mps" in ln]
+        rec["errors"] = errors
+        summarise(rec)
+        path = os.path.join(args.out, "serve-h200.json")
+        with open(path, "w") as f:
+            json.dump(rec, f, indent=1, default=str)
+        try:
+            chart(rec, os.path.join(args.out, "serve-h200.png"))
+        except Exception as e:  # the JSON is the record; say why the chart is missing
+            log(f"chart not written: {type(e).__name__}: {e}")
+    log("targets: " + "; ".join(f"{k} {v['value']} ({'pass' if v['pass'] else 'FAIL' if v['pass'] is False else 'n/a'}"
+                                f", target {v['target']})" for k, v in rec["targets"].items()))
+    log(f"settings unchanged: {rec['settings_unchanged']}; MPS processes left: {rec['mps_left'] or 'none'}")
+    return 0 if not errors else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

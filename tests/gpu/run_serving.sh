@@ -1,0 +1,28 @@
+#!/bin/bash
+# The serving bench and the GPU serving tests on the H200, in one device call:
+#   device tool: run(kind="nvidia-h200", carry=[".whl"], command="bash tests/gpu/run_serving.sh quick|full")
+# .whl/ holds the wheels the GPU machine lacks: nvidia-pytriton 0.7.0, tritonclient 2.73.0,
+# python-rapidjson, pyroute2 (tests/gpu/RESULTS-multi.md says how they were downloaded).
+# quick: a short bench into $OUT/quick plus tests/gpu/test_serving.py; full: the bench for docs/perf.
+MODE=${1:-full}
+OUT=${OUT:-/tmp/hkgpu-out}; mkdir -p "$OUT"
+exec > >(tee "$OUT/run.log") 2>&1
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+cleanup() {
+  pkill -TERM -f 'pytriton/tritonserver/bin/tritonserver' 2>/dev/null
+  ps -eo pid,args | grep -q '[n]vidia-cuda-mps-control -d' && echo quit | \
+    CUDA_MPS_PIPE_DIRECTORY=/tmp/hkgpu-mps/pipe nvidia-cuda-mps-control
+  ps -eo pid,args | grep -i '[n]vidia-cuda-mps' || echo NO-MPS-LEFT
+}
+trap cleanup EXIT
+date -u; nvidia-smi -L; nproc; df -h /dev/shm | tail -1
+ps -eo pid,args | grep -i '[n]vidia-cuda-mps' || echo NO-MPS-AT-START
+python3 -m pip install -q --no-deps --no-index --no-compile .whl/*.whl 2>&1 | tail -2
+python3 -c 'import pytriton, tritonclient.grpc, aiohttp, torch, matplotlib; print("deps ok", torch.__version__)'
+if [ "$MODE" = quick ]; then
+  timeout 300 python3 bench/serve_h200.py --quick --out "$OUT"; echo "bench rc=$?"
+  timeout 240 python3 -m pytest -m gpu tests/gpu/test_serving.py -v -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest.txt"
+else
+  timeout 570 python3 bench/serve_h200.py --out "$OUT" "${@:2}"; echo "bench rc=$?"
+fi
+tail -40 /tmp/hkgpu-bench/run/tritonserver.log > "$OUT/tritonserver-tail.log" 2>/dev/null
