@@ -12,6 +12,12 @@ Profile section:
       user: root
       unit: nvidia-mps.service
 
+pipe_dir and log_dir must lie below /run, /var/run, /tmp, /var/lib/hkgpu-tune, /var/log or /srv
+(normalised, no '..'). A directory apply makes is given to `user`; one that exists is never
+chowned: it must already belong to `user` and not be writable by others, else it is an error.
+The unit lets systemd make its directories under /run, /var/log and /var/lib (RuntimeDirectory=,
+LogsDirectory=, StateDirectory=); under /tmp or /srv it only checks that apply made them.
+
 Where systemd runs, apply installs the unit and enables it; elsewhere (containers, the GPU test
 machine) it starts `nvidia-cuda-mps-control -d` directly. Either way the settings are sent through
 the control pipe after start and read back by the health probe.
