@@ -174,6 +174,16 @@ class Nvml:
         except nv.NVMLError as e:
             raise ApplyError(f"{what}: {e}") from None
 
+    def processes(self, index: int) -> dict[str, list[int]]:
+        """Pids with a CUDA context on the GPU: 'compute' (their own context, or the MPS server's)
+        and 'mps' (MPS clients: nvmlDeviceGetMPSComputeRunningProcesses)."""
+        nv, h = self._lib(), self._h(index)
+        try:
+            return {"compute": [p.pid for p in nv.nvmlDeviceGetComputeRunningProcesses(h)],
+                    "mps": [p.pid for p in nv.nvmlDeviceGetMPSComputeRunningProcesses(h)]}
+        except nv.NVMLError as e:
+            raise UnsupportedError(f"GPU {index}: listing its processes: {e}") from None
+
     def set_persistence(self, index: int, on: bool) -> None:
         nv = self._lib()
         self._call(f"GPU {index} persistence", nv.nvmlDeviceSetPersistenceMode, self._h(index),
@@ -251,6 +261,10 @@ class ReplayNvml:
     def gpu(self, index, keys=ALL):
         g = self._g(index)
         return {"index": index, **{k: copy.deepcopy(g.get(k)) for k in keys}}
+
+    def processes(self, index):
+        p = self._g(index).get("processes") or {}
+        return {"compute": list(p.get("compute", [])), "mps": list(p.get("mps", []))}
 
     def _w(self, index, key, value, apply):
         g = self._g(index)

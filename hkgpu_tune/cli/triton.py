@@ -83,10 +83,11 @@ def _ints(v: str) -> list[int]:
 
 
 def _section(ctx: Context):
-    t = ctx.profile.section("triton")
+    from ..subsystems import triton
+    t = triton.section(ctx.profile)  # with the mps section's directories where MPS runs
     if t is None:
         raise HkError(f"{ctx.profile.path}: the profile has no triton: section")
-    return t
+    return triton.check_models(t)
 
 
 def _backends():

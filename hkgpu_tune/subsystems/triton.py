@@ -25,9 +25,9 @@ from __future__ import annotations
 import os
 import shutil
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from ..errors import HkError
+from ..errors import ApplyError, HkError
 from ..report import DRIFT, ERROR, OK, UNSUPPORTED
 from .base import Subsystem
 
@@ -76,6 +76,9 @@ class Model:
     line: int = 0
     engine: str = ""               # tensorrt | torch | "" (the model is served as given)
     engine_reason: str = ""
+    # where each config field came from in the profile, for the schema check at plan time
+    nodes: dict = field(default_factory=dict, compare=False, repr=False)
+    item: object = field(default=None, compare=False, repr=False)
 
     @property
     def backend(self) -> str:
@@ -92,6 +95,13 @@ class Model:
     @property
     def outputs(self) -> list[dict]:
         return self.config.get("output", [])
+
+
+@dataclass(frozen=True)
+class MpsDirs:
+    """The MPS daemon's pipe and log directories (from the profile's mps section)."""
+    pipe_dir: str
+    log_dir: str
 
 
 @dataclass(frozen=True)
@@ -126,6 +136,7 @@ class Triton:
     gate: Gate = field(default_factory=Gate)
     profile_dir: str = "."
     line: int = 0
+    mps: MpsDirs | None = None             # set by section() when the profile runs MPS
 
     def model(self, name: str) -> Model:
         for m in self.models:
@@ -237,7 +248,6 @@ def _torch_config(config: dict, b: Build) -> dict:
 
 
 def _model(item, base: str) -> Model:
-    from ..triton import render
     m = item.mapping(MODEL_KEYS, required=("name",))
     name = m["name"].string(NAME_RE, "a model name (letters, digits, '_', '.', '-')")
     if ("platform" in m) == ("backend" in m):
@@ -261,7 +271,6 @@ def _model(item, base: str) -> Model:
         if "model_file" in m:
             raise m["model_file"].error("the torch engine brings its own model.py: drop model_file or build")
         config = _torch_config(config, build)
-    config = render.check_config(config, nodes, item)
     model_file = TORCH_MODEL if engine == "torch" else None
     if "model_file" in m:
         model_file = _path(m["model_file"], base)
@@ -273,7 +282,7 @@ def _model(item, base: str) -> Model:
     if backend not in ("python",) and not model_file and not build:
         raise item.error(f"platform {backend}: give 'model_file' (the model to serve) or 'build' (an ONNX to build)")
     return Model(name, config, model_file, build, m["version"].integer(1, 1 << 30) if "version" in m else 1,
-                 item.line, engine, why)
+                 item.line, engine, why, nodes, item)
 
 
 def _gate(n) -> Gate:
@@ -356,6 +365,30 @@ def parse_profile(node) -> Triton:
     return Triton(models=tuple(models), **kw)
 
 
+def section(profile) -> Triton | None:
+    """The triton section joined with the profile's mps section: with MPS enabled, the server is
+    an MPS client (its pipe and log directories in its environment, unit and container)."""
+    t = profile.section("triton")
+    mps = profile.section("mps")
+    if t is not None and mps is not None and mps.enabled:
+        t = replace(t, mps=MpsDirs(mps.pipe_dir, mps.log_dir))
+    return t
+
+
+def check_models(t: Triton) -> Triton:
+    """Each model's config against Triton's schema (tritonclient's model_config_pb2): a bad field is
+    a profile error at its key path. Done at plan time, once per section object: parsing a profile
+    imports no service code."""
+    if getattr(t, "_checked", False):
+        return t
+    from ..triton import render
+    for m in t.models:
+        if m.item is not None:
+            render.check_config(m.config, m.nodes, m.item)
+    object.__setattr__(t, "_checked", True)
+    return t
+
+
 # ---------------------------------------------------------------- verify / apply
 def engine_facts(m: Model) -> dict:
     """Which engine a built model runs and why; what it needs that this host lacks."""
@@ -372,23 +405,40 @@ def engine_facts(m: Model) -> dict:
 
 
 class Plugin(Subsystem):
-    """Results: the rendered repository (fixable: re-render), the service (fixable: start),
-    server and model readiness, the served config of each model against the profile, metrics."""
+    """Results: the rendered repository (fixable: re-render, then load through the repository API),
+    the service (fixable: start), server and model readiness, the served config of each model
+    against the profile (fixable: load), under MPS whether the server is an MPS client, metrics.
+
+    A changed model is loaded into the running server (explicit model control, no restart) and
+    gated; when the load or the gate fails, the copy kept of the previous model directory is put
+    back and loaded again, and the apply fails saying so. restore() needs only the saved record."""
 
     name = "triton"
 
     @property
     def t(self) -> Triton:
-        return self.profile.section("triton")
+        t = self.__dict__.get("_t")
+        if t is None:
+            t = section(self.profile)
+            if t is None:
+                raise HkError("triton: the profile has no triton section")
+            self.__dict__["_t"] = t = check_models(t)
+        return t
 
     def read(self) -> dict:
         from ..triton import client, launch, render
         t = self.t
         state = {"repository": render.repository_state(t), "service": launch.status(t, self.b),
-                 "engines": {m.name: engine_facts(m) for m in t.models if m.engine}}
-        if launch.supervisor(t, self.b) == "systemd":
+                 "engines": {m.name: engine_facts(m) for m in t.models if m.engine},
+                 "ref": self._ref()}
+        if state["ref"]["supervisor"] == "systemd":
             state["unit"] = {k: v for k, v in launch.unit_state(t, self.b).items() if k != "text"}
+            state["unit"]["before"] = self.b.systemd.read_unit(launch.unit_name(t))
         if state["service"]["active"]:
+            if state["ref"]["supervisor"] == "process":
+                rec = launch.process_record(t) or {}
+                state["process"] = {"argv": rec.get("argv"), "env": rec.get("env", {}), "want": launch.launched_as(t),
+                                    "record": launch.respawn_record(rec)}
             c = client.Client(t.http.host, t.http.port, timeout=5)
             state["server_ready"] = c.ready()
             state["models"] = {}
@@ -400,11 +450,29 @@ class Plugin(Subsystem):
                     entry["config_error"] = str(e)
                 state["models"][m.name] = entry
             state["metrics"] = client.metrics_answer(t.metrics.host, t.metrics.port)
+            if t.mps is not None and t.gpu is not None:
+                state["mps"] = self._mps_clients(t)
         return state
 
+    def _ref(self) -> dict:
+        from ..triton import launch
+        return launch.ServiceRef.of(self.t, self.b).to_dict()
+
+    def _mps_clients(self, t) -> dict:
+        """Triton's processes against NVML's MPS client list of its GPU."""
+        from ..triton import launch
+        pids = launch.server_pids(t, self.b)
+        try:
+            procs = self.b.nvml.processes(t.gpu)
+        except HkError as e:
+            return {"unsupported": f"cannot list GPU {t.gpu}'s processes: {e}"}
+        return {"pids": pids, "mps": sorted(set(pids) & set(procs["mps"])),
+                "own": sorted(set(pids) & set(procs["compute"]) - set(procs["mps"]))}
+
     def compare(self, state: dict):
-        from ..triton import render
+        from ..triton import redeploy, render
         t, res = self.t, []
+        ref = state.get("ref") or self._ref()
         for name, e in state.get("engines", {}).items():
             res.append(self.result(name, "engine", e["engine"], e["engine"], UNSUPPORTED if e.get("missing") else OK,
                                    e.get("missing") or ", ".join(x for x in (e.get("detail"), e["why"]) if x)))
@@ -413,24 +481,38 @@ class Plugin(Subsystem):
                 res.append(self.result(name, "repository", st["current"], st["desired"], UNSUPPORTED,
                                        st["unsupported"]))
                 continue
-            res.append(self.result(name, "repository", st["current"], st["desired"],
-                                   OK if st["current"] == st["desired"] else DRIFT,
-                                   "" if st["current"] == st["desired"] else st["reason"],
-                                   write=None if st["current"] == st["desired"] else "rendered",
-                                   data={"model": name}))
+            same = st["current"] == st["desired"]
+            old = redeploy.copies(t.model_repository, name)
+            # what restore needs, saved with the original: no profile, no tritonclient
+            data = {"model": name, "repository": t.model_repository,
+                    "model_dir": os.path.join(t.model_repository, name), "existed": st["current"] != "absent",
+                    "backup": redeploy.backup_path(t.model_repository, name, redeploy.new_token()),
+                    "original": old[0] if old else None, "service": ref}
+            res.append(self.result(name, "repository", st["current"], st["desired"], OK if same else DRIFT,
+                                   "" if same else st["reason"], write=None if same else "rendered", data=data))
         if "unit" in state:
             u = state["unit"]
             ok = u["current"] == u["desired"]
             res.append(self.result(u["path"], "unit", u["current"], u["desired"], OK if ok else DRIFT,
                                    "" if ok else "the unit file is not the one the profile renders",
-                                   write=None if ok else "rendered"))
+                                   write=None if ok else "rendered", data={"before": u.get("before"), "service": ref}))
         svc = state["service"]
         target = svc["target"]
         if not svc["active"]:
             res.append(self.result(target, "service", svc["state"], "running", DRIFT, svc.get("reason", ""),
-                                   write="running"))
+                                   write="running", data={"service": ref}))
             return res
         res.append(self.result(target, "service", svc["state"], "running", OK, svc.get("reason", "")))
+        if "process" in state:
+            pr = state["process"]
+            have = {"argv": pr["argv"], "env": pr["env"]}
+            if have != pr["want"]:
+                why = [f"{k} differs" for k in ("argv", "env") if have[k] != pr["want"][k]]
+                res.append(self.result(target, "command", "differs", "as rendered", DRIFT,
+                                       f"the running server's {' and '.join(why)} (apply restarts it)",
+                                       write="restarted", data={"before": pr["record"], "service": ref}))
+            else:
+                res.append(self.result(target, "command", "as rendered", "as rendered", OK, ""))
         ready = state.get("server_ready")
         res.append(self.result(target, "server_ready", ready, True, OK if ready else DRIFT,
                                "" if ready else "/v2/health/ready does not answer 200"))
@@ -446,24 +528,44 @@ class Plugin(Subsystem):
                 first = diffs[0]
                 res.append(self.result(m.name, "served_config", first[1], first[2], DRIFT,
                                        "; ".join(f"{p}: served {c!r}, profile {d!r}" for p, c, d in diffs)
-                                       + " (apply restarts the service to serve the rendered repository)",
-                                       write="restarted"))
+                                       + " (apply loads it through the repository API)",
+                                       write="loaded", data={"model": m.name, "served": ms["config"], "service": ref}))
             else:
                 res.append(self.result(m.name, "served_config", "as rendered", "as rendered", OK,
                                        f"{len(render.flat(m.config))} field(s) compared"))
+        if "mps" in state:
+            res.append(self._mps_result(t, state["mps"]))
         met = state.get("metrics") or {}
         res.append(self.result(target, "metrics", met.get("status"), "answering", OK if met.get("ok") else DRIFT,
                                met.get("reason", "")))
         return res
 
+    def _mps_result(self, t, st: dict):
+        target, want = f"gpu{t.gpu}", "MPS client"
+        if "unsupported" in st:
+            return self.result(target, "mps_client", None, want, UNSUPPORTED, st["unsupported"])
+        if st["mps"]:
+            return self.result(target, "mps_client", want, want, OK,
+                               f"pid {', '.join(map(str, st['mps']))} in NVML's MPS client list")
+        if st["own"]:
+            return self.result(target, "mps_client", "own context", want, DRIFT,
+                               f"pid {', '.join(map(str, st['own']))} holds a CUDA context of its own, not through "
+                               f"MPS (is the MPS daemon running with pipe directory {t.mps.pipe_dir}?)")
+        return self.result(target, "mps_client", "no context", want, DRIFT,
+                           f"no Triton process (pids {', '.join(map(str, st['pids'])) or 'none'}) is an MPS client "
+                           f"of GPU {t.gpu}")
+
+    # ------------------------------------------------------------ apply
     def write(self, target, key, value, data):
-        from ..triton import launch, render
+        from ..triton import launch, redeploy, render
         if key == "repository":
+            if data.get("existed"):
+                redeploy.save(data["model_dir"], data["backup"])
             render.write_model(self.t, self.t.model(data["model"]), self.b)
         elif key == "unit":
             launch.install_unit(self.t, self.b)
-        elif key == "served_config":
-            pass  # after_apply restarts the service once for the whole batch
+        elif key in ("served_config", "command"):
+            pass  # after_apply loads the models, or restarts once, for the whole batch
         elif key == "service":
             if value == "running":
                 launch.start(self.t, self.b)
@@ -473,32 +575,131 @@ class Plugin(Subsystem):
         else:
             raise HkError(f"triton: cannot set {key}")
 
-    def restore(self, change):
-        from ..triton import launch, render
-        if change.key == "served_config":
-            return
-        if change.key == "service" and change.current != "running":
-            launch.stop(self.t, self.b)
-        elif change.key == "repository" and change.current in (None, "absent"):
-            render.remove_model(self.t, change.data["model"])
-        elif change.key == "unit" and change.current == "absent":
-            self.b.systemd.write_unit(launch.unit_name(self.t), None)
-            self.b.systemd.daemon_reload()
-        # a repository that existed before is left as rendered: its old text is not ours to keep
-
     def after_apply(self, changes):
-        """A running server serves what it loaded: restart it once when its repository changed;
-        then the gate (warm-up, load, p99 under the SLO) decides whether the deployment stays."""
-        from ..triton import gate, launch
+        """Bring the running server to what was written (a load per changed model through the
+        repository API; a restart only when its unit or command changed), then the gate (warm-up,
+        load, p99 under the SLO). A failed load or gate puts the previous models back before it fails."""
+        from ..triton import gate, launch, redeploy
+        t = self.t
         started = any(c.key == "service" for c in changes)
-        if not started and any(c.key in ("repository", "served_config", "unit") for c in changes):
-            if launch.status(self.t, self.b)["active"]:
-                launch.stop(self.t, self.b)
-                launch.start(self.t, self.b)
-                launch.wait_ready(self.t)
-                started = True
-        if started:
-            gate.require(self.t)
+        reload = [c for c in changes if c.key in ("repository", "served_config")]
+        restart = [c for c in changes if c.key in ("unit", "command")]
+        active = not started and launch.status(t, self.b)["active"]
+        if active and reload and not launch.explicit(t, self.b):
+            restart.append(None)  # a server from before explicit model control: restart once
+        hot = []
+        if active and restart:
+            launch.restart(t, self.b)
+        elif active and reload:
+            ref = launch.ServiceRef.of(t, self.b)
+            c = ref.client()
+            try:
+                for name in dict.fromkeys(ch.data["model"] for ch in reload):
+                    try:
+                        c.load_model(name)
+                    except HkError as e:
+                        raise ApplyError(f"{e}; {self._put_back(reload)}") from None
+                    hot.append(name)
+            finally:
+                c.close()
+        if started or hot or (active and restart):
+            rep = gate.run_gate(t)
+            if not rep.passed:
+                if hot:
+                    raise gate.GateFailed(f"triton gate failed: {rep.message}; {self._put_back(reload)}")
+                if active and restart:
+                    raise gate.GateFailed(f"triton gate failed: {rep.message}; {self._undo_restart(restart, reload)}")
+                raise gate.GateFailed(f"triton gate failed: {rep.message}")
+        for ch in reload:  # the deployment stays: only the oldest copy (rollback's original) is kept
+            if ch.key == "repository":
+                redeploy.drop_newer(ch.data["repository"], ch.data["model"])
+
+    def _put_back(self, reload) -> str:
+        """The previous model directories back on disk and loaded again; says how that went."""
+        errs = []
+        for ch in reversed(reload):
+            try:
+                self._restore_model(ch)
+                ch.data["restored"] = True
+            except HkError as e:
+                errs.append(str(e))
+        if errs:
+            return "putting the previous config back failed: " + "; ".join(errs)
+        return "the previous config is serving again"
+
+    def _undo_restart(self, restart, reload) -> str:
+        """After a restart that failed its gate: the previous files, unit or command, and a restart."""
+        from ..triton import launch
+        t = self.t
+        try:
+            for ch in reload:
+                if ch.key == "repository":
+                    self._put_files_back(ch)
+            for ch in restart:
+                if ch is not None:
+                    self._restore_launch(ch)
+            if restart == [None]:  # only the files changed (a server from before explicit control)
+                launch.restart(t, self.b)
+            launch.wait_ready(t, self.b)
+        except HkError as e:
+            return f"putting the previous config back failed: {e}"
+        for ch in reload + restart:
+            if ch is not None:
+                ch.data["restored"] = True
+        return "the previous config is serving again"
+
+    # ------------------------------------------------------------ restore (from the saved record only)
+    def _put_files_back(self, ch) -> str:
+        from ..triton import redeploy
+        d = ch.data
+        return redeploy.put_back(d["model_dir"], d["backup"], d["existed"], d.get("original"))
+
+    def _restore_model(self, ch) -> None:
+        """A model as it was before: its directory back, and loaded (or unloaded) where the server runs."""
+        from ..triton import launch
+        d = ch.data
+        ref = launch.ServiceRef.from_dict(d["service"])
+        if ch.key == "repository":
+            self._put_files_back(ch)
+        c = ref.client()
+        try:
+            if not c.live():
+                return
+            if ch.key == "served_config":
+                c.load_model(d["model"], d["served"])
+            elif d.get("existed"):
+                c.load_model(d["model"])
+            else:
+                c.unload_model(d["model"])
+        finally:
+            c.close()
+
+    def _restore_launch(self, ch) -> None:
+        from ..triton import launch
+        ref = launch.ServiceRef.from_dict(ch.data["service"])
+        if ch.key == "unit":
+            before = ch.data.get("before")
+            self.b.systemd.write_unit(launch.unit_name(ref), before)  # None: the unit did not exist
+            self.b.systemd.daemon_reload()
+            if before is not None and self.b.systemd.is_active(launch.unit_name(ref)):
+                launch.stop(ref, self.b)
+                self.b.systemd.enable(launch.unit_name(ref), now=True)
+        elif ch.key == "command":
+            launch.respawn(ref, ch.data["before"], self.b)
+
+    def restore(self, change):
+        from ..triton import launch, redeploy
+        d = change.data
+        if d.get("restored"):  # put back already, by the failed gate
+            return
+        if change.key in ("repository", "served_config"):
+            self._restore_model(change)
+            if change.key == "repository":
+                redeploy.drop_all(d["repository"], d["model"])
+        elif change.key == "service" and change.current != "running":
+            launch.stop(launch.ServiceRef.from_dict(d["service"]), self.b)
+        elif change.key in ("unit", "command"):
+            self._restore_launch(change)
 
     def facts(self) -> dict:
         from ..triton import launch

@@ -73,6 +73,22 @@ class Client:
             raise HkError(f"triton: /v2/models/{name}/config answered {status}: {body[:200].decode(errors='replace')}")
         return json.loads(body)
 
+    def load_model(self, name: str, config: dict | None = None) -> None:
+        """Load (or reload) a model through the repository API (explicit model control). With `config`
+        (a ModelConfig as JSON) that config is served instead of config.pbtxt. Triton keeps serving
+        the version it had when a load fails; the error is the first line of Triton's answer."""
+        body = {"parameters": {"config": json.dumps(config)}} if config is not None else {}
+        status, _, data = self.request("POST", f"/v2/repository/models/{name}/load", json.dumps(body).encode(),
+                                       {"Content-Type": "application/json"})
+        if status != 200:
+            raise HkError(f"triton: loading {name} failed: {_error_line(data)}")
+
+    def unload_model(self, name: str) -> None:
+        status, _, data = self.request("POST", f"/v2/repository/models/{name}/unload", b"{}",
+                                       {"Content-Type": "application/json"})
+        if status != 200:
+            raise HkError(f"triton: unloading {name} failed: {_error_line(data)}")
+
     def infer(self, model: str, inputs: list[tuple[str, str, list[int], bytes]], outputs=()) -> dict:
         """inputs: (name, datatype without TYPE_, shape with batch, raw bytes). Returns the JSON header;
         each output asked for in `outputs` comes back binary, its bytes under "raw"."""
@@ -93,6 +109,15 @@ class Client:
             if size is not None:
                 o["raw"], n = data[n:n + size], n + size
         return head
+
+
+def _error_line(data: bytes) -> str:
+    """Triton's {"error": "..."} down to its first line (a Python model's traceback follows it)."""
+    try:
+        msg = str(json.loads(data).get("error", ""))
+    except (ValueError, AttributeError):
+        msg = data.decode(errors="replace")
+    return (msg.strip().splitlines() or ["(no message)"])[0].strip()[:400]
 
 
 def tensor_bytes(data_type: str, shape: list[int]) -> bytes:

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+from dataclasses import asdict, dataclass
 
 from ..errors import HkError, UnsupportedError
 from . import client
@@ -26,6 +27,7 @@ from . import client
 PID_FILE = "tritonserver.json"
 LOG_FILE = "tritonserver.log"
 CONTAINER_REPO = "/models"
+CONTROL_MODE = "explicit"
 
 
 # ---------------------------------------------------------------- where the server is
@@ -92,12 +94,22 @@ def server_env(t) -> dict[str, str]:
         env["PYTHONPATH"] = sysconfig.get_paths()["purelib"]
     if t.gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(t.gpu)
-    return env
+    return env | mps_env(t)
+
+
+def mps_env(t) -> dict[str, str]:
+    """Where the MPS control daemon listens (the profile's mps section): CUDA clients that see
+    these variables connect through MPS instead of making a context of their own."""
+    if getattr(t, "mps", None) is None:
+        return {}
+    return {"CUDA_MPS_PIPE_DIRECTORY": t.mps.pipe_dir, "CUDA_MPS_LOG_DIRECTORY": t.mps.log_dir}
 
 
 def server_args(t, repository: str | None = None) -> list[str]:
-    """tritonserver options: repository, ports and bind addresses, strict readiness."""
-    args = [f"--model-repository={repository or t.model_repository}"]
+    """tritonserver options: repository, explicit model control (each profile model loaded at start,
+    later versions loaded through the repository API), ports and bind addresses, strict readiness."""
+    args = [f"--model-repository={repository or t.model_repository}", f"--model-control-mode={CONTROL_MODE}"]
+    args += [f"--load-model={m.name}" for m in t.models]
     if t.launch == "binary":
         args.append(f"--backend-directory={backend_directory(t)}")
     args += [f"--http-address={t.http.address}", f"--http-port={t.http.port}",
@@ -154,6 +166,13 @@ def container_argv(t, place: dict, detach: bool = False) -> list[str]:
         argv += ["--cpuset-mems", cpu_list(place["mems"])]
     if t.user:
         argv += ["--user", t.user]
+    mps = mps_env(t)
+    if mps:  # the daemon's pipes and shared memory: the same paths inside, the host's IPC namespace
+        argv.append("--ipc=host")
+        for k, v in mps.items():
+            argv += ["-e", f"{k}={v}"]
+        for d in dict.fromkeys(mps.values()):
+            argv += ["-v", f"{d}:{d}"]
     argv += ["--volume", f"{os.path.abspath(t.model_repository)}:{CONTAINER_REPO}:ro", t.image, "tritonserver"]
     return argv + server_args(t, CONTAINER_REPO)
 
@@ -190,6 +209,8 @@ def render_unit(t, place: dict | None = None) -> str:
         for k, v in sorted(server_env(t).items()):
             lines.append(f"Environment={shlex.quote(f'{k}={v}')}")
         lines += [f"ReadOnlyPaths={t.model_repository}", "ReadWritePaths=/dev/shm"]
+        for d in dict.fromkeys(mps_env(t).values()):  # visible (PrivateTmp) and writable (ProtectSystem)
+            lines += [f"BindPaths={d}", f"ReadWritePaths={d}"]
         lines += HARDENING
         lines.append("ExecStart=" + shlex.join(argv))
     else:  # the runtime needs root; the server inside runs as the image's or the profile's user
@@ -212,6 +233,42 @@ def unit_name(t) -> str:
     return f"{t.unit}.service"
 
 
+@dataclass(frozen=True)
+class ServiceRef:
+    """What stop, status and the repository API need of a deployed service. Saved with apply's
+    originals, so that rollback needs neither the profile nor tritonclient."""
+    supervisor: str          # systemd | process (resolved, never auto)
+    unit: str
+    run_dir: str
+    runtime: str
+    stop_timeout_s: float
+    http_host: str
+    http_port: int
+    load_timeout_s: float
+
+    @classmethod
+    def of(cls, t, backends=None) -> "ServiceRef":
+        if isinstance(t, cls):
+            return t
+        return cls(supervisor(t, backends), t.unit, t.run_dir, t.runtime, t.gate.stop_timeout_s,
+                   t.http.host, t.http.port, t.gate.ready_timeout_s)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ServiceRef":
+        try:
+            return cls(str(d["supervisor"]), str(d["unit"]), str(d["run_dir"]), str(d["runtime"]),
+                       float(d["stop_timeout_s"]), str(d["http_host"]), int(d["http_port"]),
+                       float(d["load_timeout_s"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise HkError(f"triton: the saved service record is incomplete ({e})") from None
+
+    def client(self) -> client.Client:
+        return client.Client(self.http_host, self.http_port, timeout=self.load_timeout_s)
+
+
 def _b(backends):
     if backends is None:
         from ..backends import Backends
@@ -221,7 +278,7 @@ def _b(backends):
 
 def supervisor(t, backends=None) -> str:
     """systemd where it is the service manager (or the profile says so), else a supervised process."""
-    if t.supervisor != "auto":
+    if t.supervisor != "auto":  # a ServiceRef's is always resolved
         return t.supervisor
     return "systemd" if _b(backends).systemd.available() else "process"
 
@@ -294,6 +351,56 @@ def status(t, backends=None) -> dict:
     return {"active": False, "state": "stopped", "target": t.unit, "pid": None, "reason": why}
 
 
+def process_record(t) -> dict | None:
+    """The supervised process's record (argv, env added, pid) while it runs; None otherwise."""
+    st = _load_state(t)
+    return st if _alive(st) else None
+
+
+def launched_as(t) -> dict:
+    """What a process started now would get: argv and the environment added to ours."""
+    return {"argv": command(t), "env": server_env(t) if t.launch == "binary" else {}}
+
+
+def explicit(t, backends=None) -> bool:
+    """Whether the running server takes loads through the repository API (explicit model control).
+    A unit is as rendered once apply has installed it; a process says so in its argv."""
+    if supervisor(t, backends) == "systemd":
+        return True
+    st = process_record(t)
+    return bool(st) and f"--model-control-mode={CONTROL_MODE}" in st["argv"]
+
+
+def server_pids(t, backends=None) -> list[int]:
+    """The server's process and its descendants (the Python backend stubs); [] when not running."""
+    import psutil
+    ref = ServiceRef.of(t, backends)
+    pid = None
+    if ref.supervisor == "systemd":
+        r = _b(backends).cmd.run(["systemctl", "show", "--property=MainPID", "--value", unit_name(ref)])
+        pid = int(r.out.strip() or 0) if r.rc == 0 and r.out.strip().isdigit() else None
+    else:
+        st = process_record(ref)
+        if st:
+            pid = st["pid"]
+            if st.get("launch") == "container":  # the server runs under the runtime, not under its client
+                r = _b(backends).cmd.run([ref.runtime, "inspect", "--format", "{{.State.Pid}}", ref.unit])
+                pid = int(r.out.strip()) if r.rc == 0 and r.out.strip().isdigit() else pid
+    if not pid:
+        return []
+    try:
+        p = psutil.Process(pid)
+        return [pid] + [c.pid for c in p.children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def restart(t, backends=None) -> None:
+    stop(t, backends)
+    start(t, backends)
+    wait_ready(t, backends)
+
+
 def check_ports(t) -> None:
     for key in ("http", "grpc", "metrics"):
         ep = getattr(t, key)
@@ -323,7 +430,9 @@ def start(t, backends=None, place: dict | None = None) -> dict:
     cur = status(t, backends)
     if cur["active"]:
         return cur
+    from ..subsystems.triton import check_models
     from . import render
+    check_models(t)
     if t.launch == "binary":
         server_binary(t)
         prepare_backends(t)
@@ -339,18 +448,39 @@ def start(t, backends=None, place: dict | None = None) -> dict:
     argv = command(t, place)
     if t.launch == "container" and shutil.which(t.runtime) is None:
         raise UnsupportedError(f"triton: container runtime {t.runtime} not found")
-    os.makedirs(t.run_dir, exist_ok=True)
-    log = os.path.join(t.run_dir, LOG_FILE)
+    added = server_env(t) if t.launch == "binary" else {}
+    user = t.user if t.launch == "binary" else None
+    _spawn(ServiceRef.of(t, backends), argv, added, user, t.launch, place)
+    return status(t, backends) | {"argv": argv, "log": os.path.join(t.run_dir, LOG_FILE)}
+
+
+def respawn_record(rec: dict) -> dict:
+    """What _spawn needs to start this process again (kept by apply to undo a restart)."""
+    return {k: rec.get(k) for k in ("argv", "env", "user", "launch", "placement")}
+
+
+def respawn(ref: ServiceRef, record: dict, backends=None) -> None:
+    """Stop the supervised process and start the one described by `record` (respawn_record)."""
+    stop(ref, backends)
+    _spawn(ref, list(record["argv"]), dict(record.get("env") or {}), record.get("user"),
+           record.get("launch") or "binary", record.get("placement") or {})
+
+
+def _spawn(ref: ServiceRef, argv: list[str], added: dict, user: str | None, form: str, place: dict) -> int:
+    """The server as a process in its own session (as `user` when root starts it), pinned to the
+    placement's CPUs; its record (pid, start time, argv, env added) in the run directory."""
+    os.makedirs(ref.run_dir, exist_ok=True)
+    log = os.path.join(ref.run_dir, LOG_FILE)
     env = dict(os.environ)
-    env.update(server_env(t) if t.launch == "binary" else {})
+    env.update(added)
     kw = {}
-    if t.user and t.launch == "binary":
+    if user:
         if os.geteuid() == 0:
-            uid, gid, home = _user_ids(t.user)
-            kw.update(user=uid, group=gid, extra_groups=[g.gr_gid for g in grp.getgrall() if t.user in g.gr_mem])
+            uid, gid, home = _user_ids(user)
+            kw.update(user=uid, group=gid, extra_groups=[g.gr_gid for g in grp.getgrall() if user in g.gr_mem])
             env["HOME"] = home
-        elif pwd.getpwuid(os.geteuid()).pw_name != t.user:
-            raise HkError(f"triton: starting as user {t.user} needs root")
+        elif pwd.getpwuid(os.geteuid()).pw_name != user:
+            raise HkError(f"triton: starting as user {user} needs root")
     cpus = place.get("cpus") or []
     with open(log, "ab") as logf:
         try:
@@ -358,18 +488,18 @@ def start(t, backends=None, place: dict | None = None) -> dict:
                                     cwd="/", start_new_session=True, close_fds=True, **kw)
         except OSError as e:
             raise HkError(f"triton: cannot start {argv[0]}: {e.strerror}") from None
-    if cpus and t.launch == "binary":
+    if cpus and form == "binary":
         try:  # before it loads models (threads created later inherit the mask)
             os.sched_setaffinity(proc.pid, cpus)
         except OSError:
             pass
     st = {"pid": proc.pid, "start_ticks": _start_ticks(proc.pid), "argv": argv, "log": log,
-          "started": time.time(), "placement": place, "launch": t.launch}
-    with open(_state_path(t) + ".tmp", "w") as f:
+          "started": time.time(), "placement": place, "launch": form, "env": added, "user": user}
+    with open(_state_path(ref) + ".tmp", "w") as f:
         json.dump(st, f)
-    os.replace(_state_path(t) + ".tmp", _state_path(t))
+    os.replace(_state_path(ref) + ".tmp", _state_path(ref))
     _CHILDREN[proc.pid] = proc
-    return status(t, backends) | {"argv": argv, "log": log}
+    return proc.pid
 
 
 _CHILDREN: dict[int, subprocess.Popen] = {}  # started by this process: reaped on stop
@@ -383,7 +513,8 @@ def log_tail(t, lines: int = 15) -> str:
             text = f.read().decode(errors="replace")
     except FileNotFoundError:
         return ""
-    keep = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(("+", "|"))]
+    # no table rows, no frames of Python's import machinery (a model's traceback keeps its own lines)
+    keep = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith(("+", "|", "  <frozen "))]
     return "\n".join(keep[-lines:])
 
 
@@ -443,7 +574,7 @@ def _group_members(pgid: int) -> list[int]:
 def stop(t, backends=None, timeout: float | None = None) -> dict:
     """Stop the service; in process form SIGTERM the whole process group (server and backend stubs),
     poll until none is left, SIGKILL what remains after the timeout. Returns what happened."""
-    timeout = t.gate.stop_timeout_s if timeout is None else timeout
+    timeout = ServiceRef.of(t, backends).stop_timeout_s if timeout is None else timeout
     if supervisor(t, backends) == "systemd":
         b = _b(backends)
         if not b.systemd.is_active(unit_name(t)):

@@ -33,7 +33,7 @@ def test_container_command_is_exactly_this(tmp_path):
         "--cpuset-cpus", "0-3,8-9", "--cpuset-mems", "0",
         "--volume", f"{tmp_path}/models:/models:ro",
         "tritonserver:24.08-py3", "tritonserver",
-        "--model-repository=/models",
+        "--model-repository=/models", "--model-control-mode=explicit", "--load-model=doubler",
         "--http-address=10.0.0.5", "--http-port=9000",
         "--grpc-address=127.0.0.1", "--grpc-port=18001",
         "--metrics-address=127.0.0.1", "--metrics-port=18002",

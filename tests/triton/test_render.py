@@ -1,6 +1,7 @@
 """The triton: section and the rendered model repository, checked with Triton's own schema."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -11,6 +12,7 @@ from tritonclient.grpc import model_config_pb2
 
 from hkgpu_tune.errors import ProfileError
 from hkgpu_tune.profile import load_profile, parse_profile_text
+from hkgpu_tune.subsystems.triton import check_models
 from hkgpu_tune.triton import render
 
 from .conftest import MODEL_PY, dump, profile_dict
@@ -39,7 +41,8 @@ triton:
 
 
 def section(text, file="p.yaml"):
-    return parse_profile_text(text, file).section("triton")
+    """The section as plan sees it: parsed, then each model checked against Triton's schema."""
+    return check_models(parse_profile_text(text, file).section("triton"))
 
 
 def test_rendered_config_parses_with_tritons_schema():
@@ -142,9 +145,9 @@ def test_config_diff_compares_only_the_fields_the_profile_sets():
     assert render.config_diff(want, served) == []
     served["dynamic_batching"]["max_queue_delay_microseconds"] = 100
     served["instance_group"][0]["count"] = 1
-    assert render.config_diff(want, served) == [
+    assert sorted(render.config_diff(want, served)) == [
+        ("dynamic_batching.max_queue_delay_microseconds", 100, 2000),
         ("instance_group[0].count", 1, 2),
-        ("dynamic_batching.max_queue_delay_microseconds", 100, "2000"),
     ]
 
 
@@ -183,3 +186,22 @@ def test_tritonclient_without_grpc_extras_is_a_clear_error(tmp_path):
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("triton: checking config.pbtxt needs tritonclient[grpc] and protobuf") \
         and "does not include grpc support" in r.stdout, r.stdout
+
+
+def test_parsing_imports_no_service_code_and_plan_checks_the_schema(tmp_path):
+    """Parsing a profile with a triton section imports neither hkgpu_tune.triton nor tritonclient
+    (a wrong config field is found at plan time, with its file, line and key path)."""
+    f = tmp_path / "p.yaml"
+    f.write_text(GOOD.replace("data_type: FP32\n          dims", "data_type: FP33\n          dims"))
+    code = ("import sys\nfrom hkgpu_tune.profile import load_profile\n"
+            f"t = load_profile({str(f)!r}).section('triton')\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('hkgpu_tune.triton', 'tritonclient', 'google.protobuf'))))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+    p = subprocess.run([sys.executable, "-m", "hkgpu_tune", "plan", "--only", "triton", "-p", str(f), "--json"],
+                       capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in p.stdout + p.stderr
+    (fail,) = json.loads(p.stdout)["failures"]
+    assert fail["status"] == "error"
+    assert fail["reason"].startswith(f"{f}:10: triton.models[0].inputs[0].data_type: Invalid enum value TYPE_FP33")
