@@ -248,48 +248,63 @@ def triton_section(path: str):
     return triton.check_models(triton.section(load_profile(path)))   # with the mps section's directories
 
 
-def run_tuned(args, workdir: str) -> dict:
+def run_tuned(args, workdir: str, res: dict) -> None:
+    """Sweep without MPS (and with it, where the profile has an mps section), then serve the best."""
     prof = tuned_profile(args, workdir)
     t = triton_section(prof)
     model = t.model(args.model)
-    res = {"profile": os.path.relpath(args.profile, REPO), "engine": model.engine, "engine_why": model.engine_reason}
+    res.update(profile=os.path.relpath(args.profile, REPO), engine=model.engine, engine_why=model.engine_reason)
     mps_on = False
-    if args.mps and getattr(t, "mps", None) is not None and shutil.which("nvidia-cuda-mps-control"):
+    if args.mps and t.mps is not None and shutil.which("nvidia-cuda-mps-control"):
         p = hk("mps", "start", "-p", prof)
         res["mps_start"] = (p.stdout + p.stderr).strip()[-400:]
         mps_on = p.returncode == 0 and sweep.mps_running(t)
         log(f"MPS daemon {'started' if mps_on else 'not started: ' + res['mps_start']}")
     try:
-        grid = sweep.Grid(max_batch=args.max_batch, delay_us=args.delay_us, instances=args.instances,
-                          mps=[False, True] if mps_on else [False], concurrency=args.concurrency)
-        rep = sweep.run(t, args.model, grid, args.slo_ms, args.sweep_budget_s, duration_s=args.sweep_seconds,
-                        processes=args.processes, shm=args.shm, log=log)
-        res["sweep"] = rep.to_dict()
-        res["sweep_table"] = sweep.table(rep)
+        runs = [(False, sweep.Grid(max_batch=args.max_batch, delay_us=args.delay_us, instances=args.instances,
+                                   mps=[False], concurrency=args.concurrency))]
+        if mps_on:
+            runs.append((True, sweep.Grid(max_batch=args.max_batch, delay_us=args.delay_us,
+                                          instances=args.mps_instances, mps=[True], concurrency=args.concurrency)))
+        merged = None
+        spent = 0.0
+        for i, (mps, grid) in enumerate(runs):
+            budget = (args.sweep_budget_s - spent) / (len(runs) - i)
+            rep = sweep.run(t, args.model, grid, args.slo_ms, budget, duration_s=args.sweep_seconds,
+                            processes=args.processes, shm=args.shm, log=log, verbose=True)
+            spent += rep.seconds
+            if merged is None:
+                merged = rep
+            else:
+                merged.points += rep.points
+                merged.skipped += rep.skipped
+                merged.seconds += rep.seconds
+            fits = [p for p in merged.points if p.best]
+            merged.best = max(fits, key=lambda p: (p.best["img_s"], -p.best["p99_ms"])) if fits else None
+            res["sweep"] = merged.to_dict()
+        res["sweep_table"] = sweep.table(merged)
         print(res["sweep_table"], flush=True)
-        bad = sweep.failure(rep)
+        bad = sweep.failure(merged)
         if bad:
             raise HkError(bad)
-        sweep.write_back(prof, args.model, rep)
-        best_mps = rep.best.mps
-        res["best_config"] = rep.best.label
+        sweep.write_back(prof, args.model, merged)
+        best_mps = merged.best.mps
+        res["best_config"] = merged.best.label
         if not args.concurrency_final:   # the load level at which the best config did best
-            args.concurrency_final = rep.best.best["concurrency"]
-        if mps_on and not best_mps:
-            # the service runs without MPS: give the profile no mps section for Triton
-            with open(prof) as f:
-                text = f.read()
+            args.concurrency_final = merged.best.best["concurrency"]
+        if not best_mps and "\nmps:" in open(prof).read():
+            # the best config runs without MPS: the service gets no MPS environment
+            text = open(prof).read()
             with open(prof, "w") as f:
                 f.write(text.split("\nmps:")[0] + "\n")
         t = triton_section(prof)
         model = t.model(args.model)
-        serve_and_measure(args, prof, t, model, res, best_mps)
         res["mps"] = best_mps
+        serve_and_measure(args, prof, t, model, res, best_mps)
     finally:
         if mps_on:
             p = hk("mps", "stop", "-p", args.profile)
             res["mps_stop"] = (p.stdout + p.stderr).strip()[-300:]
-    return res
 
 
 # ---------------------------------------------------------------- report
@@ -388,14 +403,16 @@ def main() -> int:
     ap.add_argument("--shm", action=argparse.BooleanOptionalAction, default=True,
                     help="inputs in system shared memory (default) or binary HTTP bodies")
     ap.add_argument("--processes", type=int, default=6)
-    ap.add_argument("--max-batch", type=lambda v: [int(x) for x in v.split(",")], default=[64, 128])
-    ap.add_argument("--delay-us", type=lambda v: [int(x) for x in v.split(",")], default=[1000])
-    ap.add_argument("--instances", type=lambda v: [int(x) for x in v.split(",")], default=[2, 4])
-    ap.add_argument("--concurrency", type=lambda v: [int(x) for x in v.split(",")], default=[64, 128, 256])
+    ints = lambda v: [int(x) for x in v.split(",")]  # noqa: E731
+    ap.add_argument("--max-batch", type=ints, default=[32, 64])
+    ap.add_argument("--delay-us", type=ints, default=[500])
+    ap.add_argument("--instances", type=ints, default=[2], help="instance counts swept without MPS")
+    ap.add_argument("--mps-instances", type=ints, default=[2, 4], help="instance counts swept with MPS")
+    ap.add_argument("--concurrency", type=ints, default=[16, 48, 96, 160])
     ap.add_argument("--concurrency-final", type=int, default=0, help="default: the sweep's best level")
-    ap.add_argument("--sweep-budget-s", type=float, default=220)
-    ap.add_argument("--sweep-seconds", type=float, default=4)
-    ap.add_argument("--final-seconds", type=float, default=20)
+    ap.add_argument("--sweep-budget-s", type=float, default=250)
+    ap.add_argument("--sweep-seconds", type=float, default=3)
+    ap.add_argument("--final-seconds", type=float, default=15)
     ap.add_argument("--naive-seconds", type=float, default=10)
     ap.add_argument("--naive-concurrency", type=int, default=8)
     ap.add_argument("--limit-batches", default="32,64,128,256")
@@ -407,7 +424,8 @@ def main() -> int:
         return 0
     if args.quick:
         args.sweep_budget_s, args.sweep_seconds, args.final_seconds, args.naive_seconds = 60, 2, 5, 4
-        args.max_batch, args.delay_us, args.instances = args.max_batch[:1], args.delay_us[:1], args.instances[:1]
+        args.max_batch, args.delay_us = args.max_batch[:1], args.delay_us[:1]
+        args.instances, args.mps_instances = args.instances[:1], args.mps_instances[:1]
         args.concurrency, args.limit_seconds = args.concurrency[:2], 1
     os.makedirs(args.out, exist_ok=True)
     rec = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -429,14 +447,15 @@ def main() -> int:
             args.naive_rate = rec["naive"]["saturated"]["img_s"]
         rec["tuned"] = {}
         try:
-            rec["tuned"] = run_tuned(args, workdir)
+            run_tuned(args, workdir, rec["tuned"])
         except HkError as e:
             errors.append(str(e))
             log(f"tuned: {e}")
     finally:
         rec["settings_after"] = sh("nvidia-smi", f"--query-gpu={SETTINGS}", "--format=csv")
         rec["settings_unchanged"] = rec["settings_after"] == rec["settings_before"]
-        rec["mps_left"] = [ln for ln in sh("ps", "-eo", "pid,args").splitlines() if "nvidia-cuda-mps" in ln]
+        rec["mps_left"] = [ln for ln in sh("ps", "-eo", "pid,stat,args").splitlines()
+                           if "nvidia-cuda-mps" in ln and " Z" not in ln]   # a reaped-late zombie is no daemon
         rec["errors"] = errors
         summarise(rec)
         path = os.path.join(args.out, "serve-h200.json")

@@ -215,7 +215,7 @@ class SharedInput:
 def run(spec: LoadSpec) -> dict:
     """Run the load; returns one dict of figures (see module doc)."""
     try:
-        import aiohttp  # noqa: F401
+        import aiohttp  # noqa: F401  (checked here: the workers would fail one by one)
     except ImportError:
         raise HkError("loadgen: needs aiohttp (pip install 'hkgpu-tune[triton]')") from None
     import psutil

@@ -218,10 +218,12 @@ def spec_for(t, model, concurrency: int, duration_s: float, processes: int, shm:
 
 
 def measure(server: Server, model, point: Point, levels: list[int], duration_s: float, processes: int,
-            shm: bool, slo_ms: float) -> None:
+            shm: bool, slo_ms: float, log=None) -> None:
     for conc in levels:
         r = loadgen.run(spec_for(server.t, model, conc, duration_s, min(processes, conc), shm))
         point.loads.append(r)
+        if log:
+            log(f"  {point.label}, {conc} in flight: {loadgen.line(r)}")
         within = r["errors"] == 0 and r["p99_ms"] <= slo_ms and r["requests"] > 0
         if within and (point.best is None or r["img_s"] > point.best["img_s"]):
             point.best = r
@@ -230,7 +232,7 @@ def measure(server: Server, model, point: Point, levels: list[int], duration_s: 
 
 
 def run(t, model_name: str, grid: Grid, slo_ms: float, budget_s: float, duration_s: float = 5.0,
-        processes: int = 2, shm: bool = False, backends=None, log=print) -> Report:
+        processes: int = 2, shm: bool = False, backends=None, log=print, verbose: bool = False) -> Report:
     """Sweep the grid on a server of the sweep's own; raises HkError when nothing fits the SLO."""
     model = t.model(model_name)
     if slo_ms is None or slo_ms <= 0:
@@ -266,11 +268,13 @@ def run(t, model_name: str, grid: Grid, slo_ms: float, budget_s: float, duration
             rep.points.append(point)
             try:
                 point.load_s = server.load(model_name, cfg)
+                if log and verbose:
+                    log(f"{label}: loaded in {point.load_s:.1f} s")
             except HkError as e:
                 point.error = str(e)
                 log(f"{label}: {e}")
                 continue
-            measure(server, model, point, levels, duration_s, processes, shm, slo_ms)
+            measure(server, model, point, levels, duration_s, processes, shm, slo_ms, log if verbose else None)
             b = point.best
             log(f"{label}: " + (f"{b['img_s']:.0f} img/s at p99 {b['p99_ms']:.2f} ms (concurrency {b['concurrency']})"
                                 if b else f"nothing within p99 {slo_ms:g} ms "

@@ -63,7 +63,7 @@ def test_torch_engine_serves_resnet50_on_the_gpu(profile):
     pid = json.loads(r.stdout)["service"]["pid"]
     t = load_profile(profile).section("triton")
     c = client.Client(t.http.host, t.http.port, timeout=30)
-    out = c.infer("resnet50", client.request_for(t.model("resnet50"), batch=3))
+    out = c.infer("resnet50", client.request_for(t.model("resnet50"), batch=3), outputs=("OUTPUT",))
     c.close()
     assert out["outputs"][0]["shape"] == [3, 1000] and out["outputs"][0]["datatype"] == "FP16", out
     # the host's own view: a process of the server's tree holds a context on the GPU
