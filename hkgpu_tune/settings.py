@@ -319,11 +319,18 @@ def _affinity(c: Change) -> None:
 
 def _triton(c: Change) -> None:
     text(c.target, "target", maxlen=4096)
-    one_of(c.key, "key", ("repository", "unit", "served_config", "service"))
+    one_of(c.key, "key", ("repository", "unit", "served_config", "service", "command"))
     if c.key == "repository":
         m = c.data.get("model")
         if not (isinstance(m, str) and _NAME.fullmatch(m)) or m in (".", ".."):
             _fail(f"data.model: {m!r} is not a model name")
+        if "model_dir" in c.data:  # paths rollback moves and removes (triton/redeploy.py)
+            from .errors import StateError
+            from .triton.redeploy import check_record
+            try:
+                check_record(c.data)
+            except StateError as e:
+                _fail(str(e))
     plain(c.current, "original")
     plain(c.desired, "desired")
 

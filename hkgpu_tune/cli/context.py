@@ -66,7 +66,7 @@ class Context:
             print("".join(p if isinstance(p, str) else p[0] for p in parts))
             return
         from rich.text import Text
-        self.console.print(Text.assemble(*parts))
+        self.console.print(Text.assemble(*parts), soft_wrap=True)  # one line, never wrapped
 
     def close(self) -> None:
         if self._engine is not None:

@@ -652,6 +652,7 @@ class Plugin(Subsystem):
     def _put_files_back(self, ch) -> str:
         from ..triton import redeploy
         d = ch.data
+        redeploy.check_record(d)
         return redeploy.put_back(d["model_dir"], d["backup"], d["existed"], d.get("original"))
 
     def _restore_model(self, ch) -> None:

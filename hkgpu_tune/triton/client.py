@@ -81,7 +81,8 @@ class Client:
         status, _, data = self.request("POST", f"/v2/repository/models/{name}/load", json.dumps(body).encode(),
                                        {"Content-Type": "application/json"})
         if status != 200:
-            raise HkError(f"triton: loading {name} failed: {_error_line(data)}")
+            msg = _error_line(data).removeprefix(f"load failed for model '{name}': ")
+            raise HkError(f"triton: {name} did not load: {msg}")
 
     def unload_model(self, name: str) -> None:
         status, _, data = self.request("POST", f"/v2/repository/models/{name}/unload", b"{}",
@@ -117,7 +118,8 @@ def _error_line(data: bytes) -> str:
         msg = str(json.loads(data).get("error", ""))
     except (ValueError, AttributeError):
         msg = data.decode(errors="replace")
-    return (msg.strip().splitlines() or ["(no message)"])[0].strip()[:400]
+    line = (msg.strip().splitlines() or ["(no message)"])[0].strip()
+    return line if len(line) <= 160 else line[:159] + "…"
 
 
 def tensor_bytes(data_type: str, shape: list[int]) -> bytes:

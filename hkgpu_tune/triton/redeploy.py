@@ -15,12 +15,38 @@ from __future__ import annotations
 import errno
 import glob
 import os
+import re
 import shutil
 import time
 
-from ..errors import HkError
+from ..errors import HkError, StateError
 
 PREVIOUS = "previous"
+
+
+MODEL_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
+
+
+def check_record(d: dict) -> None:
+    """A saved repository record names only a model directory of its repository and a copy beside
+    it (rollback runs as root: a tampered record must not make it move or delete anything else)."""
+    repo, model = d.get("repository"), d.get("model")
+    if not (isinstance(model, str) and MODEL_RE.fullmatch(model)) or model in (".", ".."):
+        raise StateError(f"triton record: {model!r} is not a model name")
+    if not (isinstance(repo, str) and os.path.isabs(repo) and os.path.normpath(repo) == repo
+            and repo.count("/") >= 2):
+        raise StateError(f"triton record: {repo!r} is not a model repository path")
+    if d.get("model_dir") != os.path.join(repo, model):
+        raise StateError(f"triton record: model_dir {d.get('model_dir')!r} is not {model} in {repo}")
+    for key in ("backup", "original"):
+        v = d.get(key)
+        if v is None and key == "original":
+            continue
+        if not (isinstance(v, str) and os.path.dirname(v) == os.path.dirname(backup_path(repo, model, "0"))
+                and re.fullmatch(re.escape(model) + r"\.[0-9]{1,20}", os.path.basename(v))):
+            raise StateError(f"triton record: {key} {v!r} is not a copy of {model} beside {repo}")
+    if not isinstance(d.get("existed"), bool):
+        raise StateError("triton record: 'existed' must be true or false")
 
 
 def new_token() -> str:
@@ -67,7 +93,9 @@ def put_back(model_dir: str, backup: str, existed: bool, original: str | None = 
     if existed and not os.path.isdir(backup) and original and os.path.isdir(original):
         backup = original
     if not existed:
-        if os.path.lexists(model_dir):
+        if os.path.islink(model_dir) or (os.path.exists(model_dir) and not os.path.isdir(model_dir)):
+            raise HkError(f"triton: {model_dir} is not a model directory: left alone")
+        if os.path.isdir(model_dir):
             shutil.rmtree(model_dir)
             return "removed"
         return "already removed"
