@@ -207,6 +207,7 @@ def undo_file(c: Change, state_dir: str) -> str:
             fsync_dir(os.path.dirname(path))
             return f"removed {path}"
         return f"kept {path}: no longer the link hkgpu-tune made"
+    _drop_temps(path)
     orig, now = c.current, _current_hash(path)
     if orig is None and now is None:
         return f"{path}: already gone"
@@ -223,6 +224,16 @@ def undo_file(c: Change, state_dir: str) -> str:
     atomic_write(path, data, mode=orig.get("mode", 0o644))
     _drop_backup(orig["backup"], state_dir)
     return f"restored {path}"
+
+
+def _drop_temps(path: str) -> None:
+    """Temporary files atomic_write left for `path` when a kill came between making and renaming
+    them (named .NAME.PID.N.tmp beside it; regular files only, never a link)."""
+    d, name = os.path.split(path)
+    for t in glob.glob(os.path.join(glob.escape(d), f".{glob.escape(name)}.*.tmp")):
+        if re.fullmatch(rf"\.{re.escape(name)}\.[0-9]+\.[0-9]+\.tmp", os.path.basename(t)) \
+                and stat.S_ISREG(os.lstat(t).st_mode):
+            os.unlink(t)
 
 
 def _backup_path(backup: str, state_dir: str) -> str:
