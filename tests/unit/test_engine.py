@@ -5,6 +5,7 @@ import stat
 import pytest
 
 from hkgpu_tune.engine import Engine
+from hkgpu_tune.errors import HkError
 from hkgpu_tune.profile import parse_profile_text
 from hkgpu_tune.report import exit_code, to_json, to_junit, to_prometheus
 
@@ -384,3 +385,67 @@ def test_a_refused_write_that_cannot_be_put_back_keeps_its_original(tmp_path):
     assert rep.rolled_back and "Device or resource busy" in rep.error
     assert [c.ident for c in State(str(tmp_path / "state")).load()] == [("ethtool", "ens1f0", "gro")]
     assert b.sysctl.values["net.core.rmem_max"] == "212992" and b.net.links()[0]["mtu"] == 1500
+
+
+def test_rollback_only_restores_those_subsystems_and_keeps_the_rest(tmp_path):
+    from hkgpu_tune.engine import State
+    b = host()
+    engine(tmp_path, b).apply()
+    rep = engine(tmp_path, b).rollback(only=["sysctl"])
+    assert not rep.errors and {c.subsystem for c in rep.restored} == {"sysctl"}
+    assert b.sysctl.values["net.core.rmem_max"] == "212992" and b.net.links()[0]["mtu"] == 9000
+    assert "sysctl" not in {c.subsystem for c in State(str(tmp_path / "state")).load()}
+    with pytest.raises(HkError, match="rollback --only: unknown subsystem nosuch"):
+        engine(tmp_path, b).rollback(only=["nosuch"])
+    assert not engine(tmp_path, b).rollback().errors and b.net.links()[0]["mtu"] == 1500
+
+
+def test_a_gone_target_is_kept_and_reported_or_dropped_on_forget(tmp_path):
+    from hkgpu_tune.engine import State
+    from hkgpu_tune.errors import TargetGone
+    b = host()
+    engine(tmp_path, b, only=["sysctl", "link"]).apply()
+
+    def gone(change):
+        raise TargetGone(f"{change.target}: the device is gone")
+
+    eng = engine(tmp_path, b)
+    eng.by_name["link"].restore = gone
+    rep = eng.rollback()
+    assert [c.ident for c in rep.kept] == [("link", "ens1f0", "mtu")] and "--forget" in rep.errors[0]
+    assert b.sysctl.values["net.core.rmem_max"] == "212992"          # the rest was restored
+    assert [c.ident for c in State(str(tmp_path / "state")).load()] == [("link", "ens1f0", "mtu")]
+    eng = engine(tmp_path, b)
+    eng.by_name["link"].restore = gone
+    rep = eng.rollback(forget=True)
+    assert not rep.errors and rep.forgotten and "original dropped" in rep.forgotten[0]
+    assert not (tmp_path / "state" / "state.json").exists()
+
+
+def test_a_rollback_killed_midway_drops_what_it_restored_and_resumes(tmp_path):
+    from hkgpu_tune.engine import State
+    b = host()
+    engine(tmp_path, b, only=["sysctl", "link"]).apply()
+    n_saved = len(State(str(tmp_path / "state")).load())
+
+    class Boom(BaseException):
+        pass
+
+    eng = engine(tmp_path, b)
+    real, calls = eng.by_name["sysctl"].restore, []
+
+    def crash(change):
+        real(change)
+        calls.append(change.key)
+        if len(calls) == 2:
+            raise Boom()   # like kill -9 right after the second sysctl is back
+
+    eng.by_name["sysctl"].restore = crash
+    with pytest.raises(Boom):
+        eng.rollback()
+    left = State(str(tmp_path / "state")).load()
+    # the link (newest) and the first sysctl are off the file; the second is back but still listed
+    assert len(left) == n_saved - 2 and calls[1] in {c.key for c in left}
+    rep = engine(tmp_path, b).rollback()
+    assert not rep.errors and b.sysctl.values["net.ipv4.tcp_mtu_probing"] == "0"
+    assert not (tmp_path / "state" / "state.json").exists()
