@@ -45,10 +45,12 @@ def profile(tmp_path):
 
 
 def _descendants(pid):
+    """The live processes of a tree (a zombie waiting for a parent that is not ours to reap is gone)."""
     import psutil
     try:
-        p = psutil.Process(pid)
-        return {pid, *(c.pid for c in p.children(recursive=True))}
+        procs = [psutil.Process(pid)]
+        procs += procs[0].children(recursive=True)
+        return {p.pid for p in procs if p.status() != psutil.STATUS_ZOMBIE}
     except psutil.NoSuchProcess:
         return set()
 
