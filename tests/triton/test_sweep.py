@@ -1,0 +1,125 @@
+"""`hkgpu-tune triton sweep` on the real CPU tritonserver: a config under the SLO is picked (the best
+of those measured), the PNG is a real chart, --write changes the profile in place; bad input gives
+one line and exit 1, and a running service is never touched."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from hkgpu_tune.triton import client
+
+from .conftest import DATA, dump, free_ports, needs_server, profile_dict
+
+pytestmark = [needs_server, pytest.mark.slow]
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def hk(*args, timeout=300):
+    return subprocess.run([sys.executable, "-m", "hkgpu_tune", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
+
+def one_line_error(r):
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "Traceback" not in r.stdout + r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.stderr
+    return lines[0]
+
+
+@pytest.fixture
+def prof(tmp_path):
+    doc = profile_dict(tmp_path, free_ports(3), delay_us=20000, p99_ms=500)
+    p = tmp_path / "node.yaml"
+    p.write_text("# the operator's own comment, kept by --write\n" + dump(doc))
+    return p
+
+
+def test_sweep_picks_the_best_config_under_the_slo_writes_png_and_profile(prof, tmp_path):
+    png = tmp_path / "sweep.png"
+    r = hk("triton", "sweep", "-p", str(prof), "--delay-us", "0,20000", "--instances", "1",
+           "--concurrency", "2,8", "--duration-s", "1", "--budget-s", "120", "--slo-ms", "500",
+           "--png", str(png), "--write", "--json")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    measured = [p for p in doc["points"] if p["best"]]
+    assert len(doc["points"]) == 2 and measured, doc
+    best = doc["best"]["best"]
+    assert best["p99_ms"] <= 500 and best["errors"] == 0 and best["requests"] > 0
+    assert best["img_s"] == max(p["best"]["img_s"] for p in measured)
+    # a real chart: a PNG image matplotlib reads back, of the size the sweep draws
+    import matplotlib.image
+    img = matplotlib.image.imread(str(png))
+    assert img.shape[0] > 400 and img.shape[1] > 700 and img.std() > 0.01
+    # --write: the best delay is in the profile, with a dated comment; the operator's comment kept
+    text = prof.read_text()
+    assert text.startswith("# the operator's own comment, kept by --write\n")
+    assert "# hkgpu-tune triton sweep " in text and f"{best['img_s']:.0f} img/s" in text
+    m = yaml.safe_load(text)["triton"]["models"][0]
+    want = doc["best"]["config"]["dynamic_batching"]["max_queue_delay_microseconds"]
+    assert m["dynamic_batching"]["max_queue_delay_microseconds"] == want
+    assert hk("plan", "--only", "triton", "-p", str(prof)).returncode in (0, 2)   # still a valid profile
+
+
+def test_a_sweep_that_cannot_fit_the_slo_leaves_the_running_service_alone(prof):
+    r = hk("triton", "start", "-p", str(prof), "--no-gate", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    pid = json.loads(r.stdout)["service"]["pid"]
+    before = prof.read_text()
+    try:
+        r = hk("triton", "sweep", "-p", str(prof), "--instances", "1", "--concurrency", "4",
+               "--duration-s", "1", "--budget-s", "60", "--slo-ms", "0.001", "--write")
+        line = one_line_error(r)
+        assert "no config of 1 meets p99 <= 0.001 ms" in line, line
+        assert prof.read_text() == before
+        doc = yaml.safe_load(before)["triton"]
+        c = client.Client("127.0.0.1", doc["http"]["port"])
+        try:   # the service: same process, its own config, still answering
+            assert c.ready()
+            cfg = c.model_config("doubler")
+            assert int(cfg["dynamic_batching"]["max_queue_delay_microseconds"]) == 20000
+        finally:
+            c.close()
+        st = json.loads(hk("triton", "start", "-p", str(prof), "--no-gate", "--json").stdout)
+        assert st["service"]["pid"] == pid
+    finally:
+        hk("triton", "stop", "-p", str(prof))
+
+
+def test_a_budget_too_small_is_one_line(prof):
+    line = one_line_error(hk("triton", "sweep", "-p", str(prof), "--concurrency", "2,8", "--duration-s", "2",
+                             "--budget-s", "1", "--slo-ms", "500"))
+    assert "a budget of 1 s is too small" in line, line
+
+
+def test_a_model_that_fails_to_load(tmp_path):
+    doc = profile_dict(tmp_path, free_ports(3), delay_us=0, p99_ms=500)
+    m = doc["triton"]["models"][0]
+    m["model_file"], m["max_batch_size"] = os.path.join(DATA, "picky.py"), 8
+    p = tmp_path / "picky.yaml"
+    p.write_text(dump(doc))
+    # one config loads, one does not: the sweep reports it and picks the other
+    r = hk("triton", "sweep", "-p", str(p), "--max-batch", "4,16", "--instances", "1", "--concurrency", "4",
+           "--duration-s", "1", "--budget-s", "90", "--slo-ms", "500", "--json")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    bad = [pt for pt in out["points"] if pt["error"]]
+    assert len(bad) == 1 and "failed to load" in bad[0]["error"] and "over the 8" in bad[0]["error"], out["points"]
+    assert out["best"]["config"]["max_batch_size"] == 4
+    # nothing loads: one line, exit 1
+    line = one_line_error(hk("triton", "sweep", "-p", str(p), "--max-batch", "16", "--instances", "1",
+                             "--concurrency", "4", "--duration-s", "1", "--budget-s", "60", "--slo-ms", "500"))
+    assert "model doubler failed to load" in line and "over the 8" in line, line
+
+
+def test_bad_grid_values_are_usage_errors(prof):
+    r = hk("triton", "sweep", "-p", str(prof), "--instances", "one")
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "--instances" in r.stderr, r.stderr
+    line = one_line_error(hk("triton", "sweep", "-p", str(prof), "--instances", "0", "--budget-s", "60",
+                             "--slo-ms", "500"))
+    assert "must be positive" in line, line
