@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from . import subsystems
 from .backends import Backends
-from .errors import HkError, StateError, TargetGone, UnsupportedError
+from .errors import HkError, ProfileError, StateError, TargetGone, UnsupportedError
 from .journal import Journal
 from .report import ERROR, UNSUPPORTED, Change, Result
 from .state import DEFAULT_STATE_DIR, STATE_FILE, State  # noqa: F401  (State is part of the API)
@@ -62,6 +62,8 @@ class Engine:
         for s in self.subs:
             try:
                 res += s.verify()
+            except ProfileError:
+                raise   # bad input: one line and exit 1, not a row among results
             except HkError as e:
                 res += self._failed(s, e)
         return res
@@ -71,6 +73,8 @@ class Engine:
         for s in self.subs:
             try:
                 c, r = s.plan()
+            except ProfileError:
+                raise   # before anything is written: the whole run stops, nothing on the host changes
             except HkError as e:
                 c, r = [], self._failed(s, e)
             changes += c

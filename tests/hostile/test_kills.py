@@ -120,30 +120,35 @@ def test_kill_9_at_random_points_of_apply_then_rollback(net, tmp_path):
     t_apply = timed(net, "apply", "--profile", p, "--state-dir", str(st))
     assert settings(net) != start
     check_back(net, st, start, what="full apply")
-    r, killed = rng(), 0
-    for i in range(4):
+    r, killed, tries = rng(), 0, 0
+    while (killed < 3 or tries < 4) and tries < 10:   # bounded; a late kill tests nothing, so go on
+        tries += 1
         delay = r.uniform(0.2, t_apply)
         killed += run_killed(net, delay, "apply", "--profile", p, "--state-dir", str(st))
         check_back(net, st, start, what=f"apply killed after {delay:.2f}s")
-    print(f"apply {t_apply:.2f}s, {killed} of 4 killed")
+    print(f"apply {t_apply:.2f}s, {killed} of {tries} killed")
     assert killed >= 2, "apply finished before most kills: nothing was tested"
 
 
 def test_kill_9_at_random_points_of_rollback_then_rollback_again(net, tmp_path):
     p, st = kill_profile(tmp_path, net), tmp_path / "st"
     start = settings(net)
-    r, killed = rng(), 0
-    for i in range(3):
+    r, killed, tries = rng(), 0, 0
+    # a kill that lands after the rollback ended tests nothing: go on (bounded) until two landed,
+    # so a loaded machine, whose rollback takes longer or shorter than the first one, cannot fail it
+    while killed < 2 and tries < 10:
         assert run(net, "apply", "--profile", p, "--state-dir", str(st)).returncode == 0
         t = time.monotonic()
-        if i == 0:
+        if tries == 0:
             check_back(net, st, start, what="full rollback")
             t_rb = time.monotonic() - t
+            tries += 1
             continue
-        delay = r.uniform(0.2, t_rb)
+        tries += 1
+        delay = r.uniform(0.3, 0.95) * t_rb
         killed += run_killed(net, delay, "rollback", "--state-dir", str(st))
         check_back(net, st, start, what=f"rollback killed after {delay:.2f}s")
-    print(f"rollback {t_rb:.2f}s, {killed} of 2 killed")
+    print(f"rollback {t_rb:.2f}s, {killed} of {tries - 1} killed")
     assert killed >= 1, "rollback finished before every kill: nothing was tested"
 
 
@@ -155,13 +160,14 @@ def test_kill_9_at_random_points_of_apply_persist_then_rollback(net, tmp_path):
     t_apply = timed(net, *args)
     assert (root / "etc/sysctl.d/60-hkgpu-tune.conf").exists() and tree(root) != start_tree
     check_back(net, st, start, root, start_tree, what="full apply --persist")
-    r, killed = rng(), 0
-    for i in range(6):
+    r, killed, tries = rng(), 0, 0
+    while (killed < 2 or tries < 6) and tries < 12:   # bounded; a late kill tests nothing, so go on
+        tries += 1
         # the later part of the run is where the files are written
         delay = r.uniform(0.5 * t_apply, t_apply)
         killed += run_killed(net, delay, *args)
         check_back(net, st, start, root, start_tree, what=f"apply --persist killed after {delay:.2f}s")
-    print(f"apply --persist {t_apply:.2f}s, {killed} of 6 killed")
+    print(f"apply --persist {t_apply:.2f}s, {killed} of {tries} killed")
     assert killed >= 1, "apply --persist finished before every kill: nothing was tested"
 
 

@@ -5,7 +5,7 @@ import pytest
 from hkgpu_tune.match import identity, matches, same_device
 from hkgpu_tune.profile import Match
 
-from .conftest import write_profile
+from .conftest import sh, write_profile
 
 
 @pytest.mark.root
@@ -21,12 +21,15 @@ network:
       mtu: 1500
       offloads: {{gso: true}}
 """)
-    for cmd in ("verify", "apply"):
-        rc, doc = net.hkjson(cmd, "--profile", p, "--only", "link", state=tmp_path / "st")
-        errs = [r["reason"] for r in doc["results"] if r["status"] == "error"]
-        assert rc == 1 and errs == [f"{p}:3: network.interfaces: the rules at lines 3 and 6 both match {net.a} "
-                                    "and set mtu differently (9000 and 1500)"], doc
+    offloads = sh("ethtool", "-k", net.a, ns=net.A).stdout
+    want = (f"hkgpu-tune: error: {p}:3: network.interfaces: the rules at lines 3 and 6 both match {net.a} "
+            "and set mtu differently (9000 and 1500)")
+    # bad input stops the whole run before any write: no subsystem applies, not even the ones that agree
+    for args in (("verify",), ("apply",), ("apply", "--only", "link"), ("plan", "--json")):
+        r = net.hk(*args, "--profile", p, state=tmp_path / "st")
+        assert r.returncode == 1 and r.stderr.strip() == want and "Traceback" not in r.stderr, r.stderr
     assert net.link()["mtu"] == 1500 and not (tmp_path / "st" / "state.json").exists()
+    assert sh("ethtool", "-k", net.a, ns=net.A).stdout == offloads
 
 
 @pytest.mark.root

@@ -202,6 +202,8 @@ def test_parsing_imports_no_service_code_and_plan_checks_the_schema(tmp_path):
     p = subprocess.run([sys.executable, "-m", "hkgpu_tune", "plan", "--only", "triton", "-p", str(f), "--json"],
                        capture_output=True, text=True, timeout=60)
     assert "Traceback" not in p.stdout + p.stderr
-    (fail,) = json.loads(p.stdout)["failures"]
-    assert fail["status"] == "error"
-    assert fail["reason"].startswith(f"{f}:10: triton.models[0].inputs[0].data_type: Invalid enum value TYPE_FP33")
+    # bad input: one line naming file, line and key, exit 1 (not a row among the results)
+    assert p.returncode == 1 and p.stdout == "", p.stdout
+    assert p.stderr.strip().startswith(
+        f"hkgpu-tune: error: {f}:10: triton.models[0].inputs[0].data_type: Invalid enum value TYPE_FP33"), p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1, p.stderr
