@@ -1,0 +1,95 @@
+"""The torch engine where TensorRT is absent: which engine a built model gets and why, the
+Python-backend config and model file it is served with, and the CUDA-graph batch sizes.
+(The engine itself runs on the GPU machine: tests/gpu/test_serving.py.)"""
+from __future__ import annotations
+
+import filecmp
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hkgpu_tune.errors import ProfileError
+from hkgpu_tune.profile import parse_profile_text
+from hkgpu_tune.subsystems.triton import TORCH_MODEL, Build, choose_engine
+from hkgpu_tune.triton.torch_model import graph_batches
+
+PROFILE = """\
+name: t
+triton:
+  model_repository: {root}/models
+  run_dir: {root}/run
+  models:
+    - name: resnet50
+      platform: tensorrt_plan
+      max_batch_size: 64
+      inputs: [{{name: INPUT, data_type: FP16, dims: [3, 224, 224]}}]
+      outputs: [{{name: OUTPUT, data_type: FP16, dims: [1000]}}]
+      dynamic_batching: {{max_queue_delay_microseconds: 200}}
+      build: {build}
+"""
+
+
+def test_graph_batches_cover_every_batch_with_little_padding():
+    sizes = graph_batches(64, preferred=[24, 100])
+    assert sizes[0] == 1 and sizes[-1] == 64 and 24 in sizes and 100 not in sizes
+    for n in range(1, 65):   # the next size up wastes at most a third of the work
+        b = next(s for s in sizes if s >= n)
+        assert b == n or (b - n) / b <= 1 / 3 + 1e-9 or n <= 2, (n, b)
+    assert graph_batches(1) == [1]
+
+
+@pytest.mark.parametrize("build,trtexec,want", [
+    (Build(onnx="m.onnx", torchvision="resnet50"), "/usr/bin/trtexec", ("tensorrt", "trtexec found at /usr/bin/trtexec")),
+    (Build(onnx="m.onnx", torchvision="resnet50"), None, ("torch", "trtexec not found")),
+    (Build(torchvision="resnet50"), "/usr/bin/trtexec", ("torch", "no onnx to build a TensorRT plan from")),
+    (Build(onnx="m.onnx"), None, ("tensorrt", "no torchvision model for the torch engine")),
+    (Build(onnx="m.onnx", torchvision="resnet50", engine="torch"), "/usr/bin/trtexec", ("torch", "asked for (engine: torch)")),
+])
+def test_choose_engine(build, trtexec, want):
+    assert choose_engine(build, trtexec) == want
+
+
+def test_a_torch_model_is_a_python_backend_model_with_the_engine_file(tmp_path):
+    text = PROFILE.format(root=tmp_path, build="{torchvision: resnet50, cuda_graphs: true}")
+    t = parse_profile_text(text, "p.yaml").section("triton")
+    m = t.models[0]
+    assert (m.engine, m.backend, m.model_file) == ("torch", "python", TORCH_MODEL)
+    assert "platform" not in m.config
+    assert m.config["parameters"]["torchvision"] == {"string_value": "resnet50"}
+    assert m.config["parameters"]["cuda_graphs"] == {"string_value": "true"}
+    from hkgpu_tune.triton import render
+    files = render.write_repository(t)
+    assert filecmp.cmp(os.path.join(tmp_path, "models/resnet50/1/model.py"), TORCH_MODEL, shallow=False), files
+    cfg = render.parse_config(open(os.path.join(tmp_path, "models/resnet50/config.pbtxt")).read())
+    assert cfg["backend"] == "python" and cfg["parameters"]["fp16"]["string_value"] == "true"
+
+
+@pytest.mark.parametrize("build,msg", [
+    ("{engine: tensorrt, torchvision: resnet50}", "engine tensorrt needs 'onnx'"),
+    ("{engine: torch, onnx: m.onnx}", "engine torch needs 'torchvision'"),
+    ("{onnx: missing.onnx, torchvision: resnet50}", "no such file"),
+    ("{fp16: true}", "give 'onnx' (built into a TensorRT plan) or 'torchvision'"),
+    ("{torchvision: 'ResNet 50'}", "a torchvision model name"),
+])
+def test_bad_build_sections_name_file_line_and_key(tmp_path, build, msg):
+    with pytest.raises(ProfileError, match=r"p\.yaml:\d+: ") as e:
+        parse_profile_text(PROFILE.format(root=tmp_path, build=build), "p.yaml")
+    assert msg in str(e.value)
+
+
+def test_verify_shows_the_engine_and_why(tmp_path):
+    p = tmp_path / "p.yaml"
+    p.write_text(PROFILE.format(root=tmp_path, build="{torchvision: resnet50}"))
+    r = subprocess.run([sys.executable, "-m", "hkgpu_tune", "verify", "--only", "triton", "-p", str(p), "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert "Traceback" not in r.stderr, r.stderr
+    row = next(x for x in json.loads(r.stdout)["results"] if x["key"] == "engine")
+    assert row["current"] == "torch"
+    import importlib.util
+    if importlib.util.find_spec("torch") and importlib.util.find_spec("torchvision"):
+        assert row["status"] == "ok" and "no onnx to build a TensorRT plan from" in row["reason"]
+    else:   # this machine: no torch, so the engine cannot run here and verify says so
+        assert row["status"] == "unsupported" and "needs torch" in row["reason"], row
