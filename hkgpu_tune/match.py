@@ -35,6 +35,34 @@ def matches(match, link: dict) -> bool:
     ))
 
 
+# the kinds of Linux's virtual links (rtnl_link_ops .kind): netlink gives one of these as the
+# driver of a device that has no bus driver in /sys
+LINK_KINDS = frozenset((
+    "amt bareudp batadv bond bridge can dummy erspan geneve gre gretap gtp hsr ifb ip6erspan ip6gre "
+    "ip6gretap ip6tnl ipip ipoib ipvlan ipvtap lowpan macsec macvlan macvtap netkit nlmon pfcp rmnet "
+    "sit team tun vcan veth vrf vti vti6 vxcan vxlan wireguard wwan xfrm virt_wifi").split())
+
+
+def could_match(rules):
+    """A test on what /sys shows of a device (name, current MAC, driver, PCI address) that is False
+    only where no rule can match it: a key /sys cannot settle (the permanent MAC, a virtual
+    device's kind where the rule names a link kind, the default route) counts as a possible match."""
+    def test(dev: dict) -> bool:
+        for r in rules:
+            m = r.match
+            if m.name and not _name(m.name, dev["name"]):
+                continue
+            if m.driver and dev["driver"] is not None and dev["driver"] != m.driver:
+                continue
+            if m.driver and dev["driver"] is None and m.driver not in LINK_KINDS:
+                continue   # a bus driver's name is never a virtual link's kind
+            if m.pci and dev["pci"] != m.pci:
+                continue
+            return True
+        return False
+    return test
+
+
 def _set(v) -> bool:
     return v not in (None, {}, "")
 

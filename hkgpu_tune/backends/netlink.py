@@ -74,19 +74,59 @@ def _release():
         _shared["ip"] = None
 
 
+def sysfs_links() -> list[dict]:
+    """Name, current MAC, driver and PCI address of each device of this namespace, from /sys
+    alone (driver None for a virtual device: its kind is known only to netlink)."""
+    out = []
+    try:
+        names = sorted(os.listdir("/sys/class/net"))
+    except OSError:
+        return out
+    for name in names:
+        if name == "lo" or not os.path.isdir(f"/sys/class/net/{name}"):
+            continue
+        try:
+            with open(f"/sys/class/net/{name}/address") as f:
+                mac = f.read().strip().lower()
+        except OSError:
+            mac = ""
+        dev = f"/sys/class/net/{name}/device"
+        driver = pci = None
+        if os.path.exists(dev):
+            drv = os.path.realpath(dev + "/driver")
+            driver = os.path.basename(drv) if os.path.exists(drv) else None
+            base = os.path.basename(os.path.realpath(dev))
+            pci = base if PCI_ADDR.match(base) else None
+        out.append({"name": name, "mac": mac, "driver": driver, "pci": pci})
+    return out
+
+
 class Net:
     """Links and routes."""
 
     def __init__(self):
-        self.ip = _iproute()
+        self._ip = None
         self._links = None
 
-    def close(self):
-        _release()
+    @property
+    def ip(self):
+        """The netlink socket, opened on first use (importing pyroute2 costs about 70 ms)."""
+        if self._ip is None:
+            self._ip = _iproute()
+        return self._ip
 
-    def links(self) -> list[dict]:
-        """Cached until this process changes a link (three subsystems read the same list)."""
+    def close(self):
+        if self._ip is not None:
+            self._ip = None
+            _release()
+
+    def links(self, could_match=None) -> list[dict]:
+        """Cached until this process changes a link (three subsystems read the same list).
+        could_match: a test on what /sys shows of a device (sysfs_links); where no device passes
+        it, no rule can match any and the answer is [] without opening netlink."""
         if self._links is None:
+            if could_match is not None and not any(could_match(d) for d in sysfs_links()):
+                return []
             self._links = self._read_links()
         return [dict(x) for x in self._links]
 
@@ -263,12 +303,21 @@ class Ethtool:
     """Channels, rings and features (pyroute2.ethtool: netlink, ioctl where needed)."""
 
     def __init__(self):
-        _light_pyroute2()
-        from pyroute2.ethtool.ethtool import Ethtool as _E
-        self.e = _E()
+        self._e = None
+
+    @property
+    def e(self):
+        """pyroute2's Ethtool, made on first use (a verify with no matched NIC never imports it)."""
+        if self._e is None:
+            _light_pyroute2()
+            from pyroute2.ethtool.ethtool import Ethtool as _E
+            self._e = _E()
+        return self._e
 
     def close(self):
-        self.e.close()
+        if self._e is not None:
+            self._e.close()
+            self._e = None
 
     def channels(self, ifname: str) -> dict:
         try:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..errors import HkError, UnsupportedError
 from ..report import DRIFT, ERROR, OK, UNSUPPORTED
-from ..match import find, identity, matched, resolve
+from ..match import could_match, find, identity, matched, resolve
 from .base import Subsystem
 
 
@@ -15,7 +15,7 @@ class Plugin(Subsystem):
     name = "ethtool"
 
     def read(self) -> dict:
-        st = {"links": self.b.net.links(), "dev": {}}
+        st = {"links": self.b.net.links(could_match(self.profile.network.interfaces)), "dev": {}}
         for ln in matched(self.profile, st["links"], ("channels", "rings", "offloads")):
             d = st["dev"][ln["name"]] = {}
             for part, fn in (("channels", self.b.ethtool.channels), ("rings", self.b.ethtool.rings),

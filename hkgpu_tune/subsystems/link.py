@@ -8,7 +8,7 @@ from __future__ import annotations
 import ipaddress
 
 from ..errors import ApplyError
-from ..match import find, identity, matched, matches, resolve  # noqa: F401 - matches/matched: one import site
+from ..match import could_match, find, identity, matched, matches, resolve  # noqa: F401 - matches/matched: one import site
 from ..report import DRIFT, ERROR, OK, UNSUPPORTED
 from .base import Subsystem
 
@@ -26,7 +26,10 @@ class Plugin(Subsystem):
     name = "link"
 
     def read(self) -> dict:
-        st = {"links": self.b.net.links(), "routes": {}, "via": {}}
+        net = self.profile.network
+        # route checks need every link (the device of a next hop); interface rules only those they can match
+        st = {"links": self.b.net.links(None if net.wan_routes else could_match(net.interfaces)),
+              "routes": {}, "via": {}}
         for r in self.profile.network.wan_routes:
             st["routes"][r.prefix] = self.b.net.route(r.prefix)
             if r.via and not r.dev:

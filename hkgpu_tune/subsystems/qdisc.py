@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..errors import ApplyError
 from ..report import DRIFT, OK, UNSUPPORTED
-from ..match import find, identity, matched, resolve
+from ..match import could_match, find, identity, matched, resolve
 from .base import Subsystem
 
 
@@ -11,7 +11,7 @@ class Plugin(Subsystem):
     name = "qdisc"
 
     def read(self) -> dict:
-        links, qdiscs = self.b.net.links(), {}
+        links, qdiscs = self.b.net.links(could_match(self.profile.network.interfaces)), {}
         for ln in matched(self.profile, links, ("qdisc",)):
             ln["tx_queues"] = self.b.net.tx_queues(ln)   # in use now (the link list is cached)
             qdiscs[ln["name"]] = self.b.tc.qdiscs(ln["index"])

@@ -42,7 +42,7 @@ class FakeNet:
 
     _cache = None
 
-    def links(self):   # cached like the real one, until a link change
+    def links(self, could_match=None):   # cached like the real one, until a link change
         if self._cache is None:
             self._cache = copy.deepcopy(self._links)
         return copy.deepcopy(self._cache)
