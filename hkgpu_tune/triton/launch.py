@@ -330,9 +330,12 @@ def _alive(st: dict | None) -> bool:
     import psutil
     try:
         p = psutil.Process(st["pid"])
-        # the same process we started (a recycled pid has another start time or program)
+        # the same process we started (a recycled pid has another start time or program); right after
+        # exec, before the kernel has set up the new program's arguments, its cmdline reads empty:
+        # that is the program starting, not gone (the start time already proves it is ours)
+        cmd = p.cmdline()
         return (_start_ticks(p.pid) == st["start_ticks"] and p.status() != psutil.STATUS_ZOMBIE
-                and os.path.basename((p.cmdline() or [""])[0]) == os.path.basename(st["argv"][0]))
+                and (not cmd or os.path.basename(cmd[0]) == os.path.basename(st["argv"][0])))
     except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError, OSError):
         return False
 

@@ -106,3 +106,20 @@ def test_cpu_list_and_placement_fallback(tmp_path, monkeypatch):
     import os
     assert p["cpus"] == sorted(os.sched_getaffinity(0))
     assert p["source"] == "affinity subsystem unavailable"
+
+
+def test_a_process_whose_arguments_are_not_yet_set_up_is_not_gone():
+    """Right after exec the kernel shows an empty cmdline until the new program's arguments are set
+    up; a server checked in that moment (a loaded machine) was taken for gone, and its start failed
+    with an empty log while it ran on, left behind. Same start time and no cmdline: still ours.
+    (pid 2, kthreadd, has an empty cmdline for good.)"""
+    import os
+
+    from hkgpu_tune.triton.launch import _alive, _start_ticks
+    with open("/proc/2/cmdline", "rb") as f:
+        assert f.read() == b""
+    st = {"pid": 2, "start_ticks": _start_ticks(2), "argv": ["/opt/tritonserver/bin/tritonserver"]}
+    assert _alive(st)
+    assert not _alive({**st, "start_ticks": st["start_ticks"] + 1})   # a recycled pid
+    me = {"pid": os.getpid(), "start_ticks": _start_ticks(os.getpid()), "argv": ["/opt/tritonserver/bin/tritonserver"]}
+    assert not _alive(me)   # another program under that pid
