@@ -90,15 +90,19 @@ def sysfs_links() -> list[dict]:
                 mac = f.read().strip().lower()
         except OSError:
             mac = ""
-        dev = f"/sys/class/net/{name}/device"
-        driver = pci = None
-        if os.path.exists(dev):
-            drv = os.path.realpath(dev + "/driver")
-            driver = os.path.basename(drv) if os.path.exists(drv) else None
-            base = os.path.basename(os.path.realpath(dev))
-            pci = base if PCI_ADDR.match(base) else None
+        driver, pci = _bus_device(name)
         out.append({"name": name, "mac": mac, "driver": driver, "pci": pci})
     return out
+
+
+def _bus_device(name: str) -> tuple[str | None, str | None]:
+    """(driver, PCI address) of a device's bus device in /sys; (None, None) for a virtual one."""
+    dev = f"/sys/class/net/{name}/device"
+    if not os.path.exists(dev):
+        return None, None
+    drv = os.path.realpath(dev + "/driver")
+    base = os.path.basename(os.path.realpath(dev))
+    return (os.path.basename(drv) if os.path.exists(drv) else None), (base if PCI_ADDR.match(base) else None)
 
 
 class Net:
@@ -149,13 +153,7 @@ class Net:
         name = msg.get_attr("IFLA_IFNAME")
         info = msg.get_attr("IFLA_LINKINFO")
         kind = info.get_attr("IFLA_INFO_KIND") if info else None
-        dev = f"/sys/class/net/{name}/device"
-        driver = pci = None
-        if os.path.exists(dev):
-            drv = os.path.realpath(dev + "/driver")
-            driver = os.path.basename(drv) if os.path.exists(drv) else None
-            base = os.path.basename(os.path.realpath(dev))
-            pci = base if PCI_ADDR.match(base) else None
+        driver, pci = _bus_device(name)
         perm = (msg.get_attr("IFLA_PERM_ADDRESS") or "").lower()
         return {
             "name": name, "index": msg["index"], "mac": (msg.get_attr("IFLA_ADDRESS") or "").lower(),

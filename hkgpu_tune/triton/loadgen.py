@@ -24,6 +24,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 
 from ..errors import HkError
+from .gate import percentile   # nearest rank: the value at least q% of requests did not exceed
 
 SIZES = {"FP16": 2, "FP32": 4, "FP64": 8, "INT8": 1, "UINT8": 1, "INT16": 2, "INT32": 4, "INT64": 8,
          "BF16": 2, "BOOL": 1}
@@ -52,14 +53,6 @@ class LoadSpec:
     @property
     def nbytes(self) -> int:
         return math.prod(self.shape) * SIZES[self.datatype]
-
-
-def percentile(sorted_vals, q: float) -> float:
-    if not sorted_vals:
-        return 0.0
-    k = (len(sorted_vals) - 1) * q / 100
-    lo, hi = math.floor(k), math.ceil(k)
-    return sorted_vals[lo] + (sorted_vals[hi] - sorted_vals[lo]) * (k - lo)
 
 
 def _infer_header(spec: LoadSpec, region: str | None) -> bytes:
