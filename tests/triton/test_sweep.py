@@ -123,3 +123,9 @@ def test_bad_grid_values_are_usage_errors(prof):
     line = one_line_error(hk("triton", "sweep", "-p", str(prof), "--instances", "0", "--budget-s", "60",
                              "--slo-ms", "500"))
     assert "must be positive" in line, line
+
+
+def test_mps_asked_for_without_a_running_daemon_is_one_line(prof):
+    line = one_line_error(hk("triton", "sweep", "-p", str(prof), "--mps", "on", "--budget-s", "60",
+                             "--slo-ms", "500"))
+    assert "MPS asked for, but the profile has no mps section or its daemon is not running" in line, line
