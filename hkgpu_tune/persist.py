@@ -17,9 +17,10 @@ import sys
 
 import yaml
 
-from .errors import HkError, StateError
+from .errors import HkError, ProfileError, StateError
 from .fsutil import atomic_write, fsync_dir
 from .journal import Journal
+from .profile import load_yaml_doc
 from .report import Change
 from .state import State
 
@@ -39,41 +40,100 @@ def _p(root: str, rel: str) -> str:
     return os.path.join(root, rel)
 
 
+MAX_CONFIG = 1 << 20    # a network manager's file larger than this is refused, not read
+
+
+def _read_config(path: str) -> str:
+    """The text of a network manager's file: a regular file (a link is followed, a FIFO or
+    device refused without blocking) of at most MAX_CONFIG bytes of UTF-8; HkError otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as e:
+        raise HkError(f"{path}: cannot read: {e.strerror}", e.errno) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise HkError(f"{path}: not a regular file: refused")
+        chunks, total = [], 0
+        while total <= MAX_CONFIG:
+            b = os.read(fd, MAX_CONFIG + 1 - total)
+            if not b:
+                break
+            chunks.append(b)
+            total += len(b)
+        if total > MAX_CONFIG:
+            raise HkError(f"{path}: larger than {MAX_CONFIG} bytes: refused")
+    except OSError as e:
+        raise HkError(f"{path}: cannot read: {e.strerror}", e.errno) from None
+    finally:
+        os.close(fd)
+    try:
+        return b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise HkError(f"{path}: not UTF-8 text (byte {e.start}): refused") from None
+
+
+def _read_ini(path: str, strict: bool) -> configparser.ConfigParser:
+    cp = configparser.ConfigParser(interpolation=None, strict=strict)
+    try:
+        cp.read_string(_read_config(path), source=path)
+    except configparser.Error as e:
+        line = getattr(e, "lineno", None) or (e.errors[0][0] if getattr(e, "errors", None) else None)
+        what = " ".join(str(getattr(e, "message", e)).split("\n")[0].split())
+        raise HkError(f"{path}:{line or 0}: not a valid {os.path.basename(os.path.dirname(path))} file: {what}") from None
+    return cp
+
+
+def _mapping(v, path: str, where: str) -> dict:
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise HkError(f"{path}: {where}: a mapping expected, found {type(v).__name__}: refused")
+    return v
+
+
+def _netplan_owner(f: str, name: str, mac: str) -> str | None:
+    try:
+        doc = load_yaml_doc(_read_config(f), f)
+    except ProfileError as e:
+        raise HkError(str(e).replace("not a profile", "refused")) from None
+    net = _mapping(_mapping(doc, f, "top level").get("network"), f, "network")
+    for kind in ("ethernets", "bonds", "vlans"):
+        for ident, conf in _mapping(net.get(kind), f, f"network.{kind}").items():
+            where = f"network.{kind}.{ident}"
+            m = _mapping(_mapping(conf, f, where).get("match"), f, where + ".match")
+            for key in ("name", "macaddress"):
+                if m.get(key) is not None and not isinstance(m[key], str):
+                    raise HkError(f"{f}: {where}.match.{key}: a string expected, "
+                                  f"found {type(m[key]).__name__}: refused")
+            if str(ident) == name or m.get("name") and fnmatch.fnmatchcase(name, m["name"]) \
+                    or mac and (m.get("macaddress") or "").lower() == mac:
+                return f"{f}:{kind}:{ident}"
+    return None
+
+
 def mtu_owner(root: str, link: dict) -> tuple[str, str] | None:
     """Which manager owns this interface: ('netplan', file:id) | ('NetworkManager', file) |
-    ('systemd-networkd', file) | None. Detected from their configuration, not guessed."""
-    name, mac = link["name"], link.get("mac", "")
-    for f in sorted(glob.glob(_p(root, "etc/netplan/*.yaml"))):
+    ('systemd-networkd', file) | None. Detected from their configuration, not guessed. A file
+    that cannot be read whole and understood (a FIFO, binary, too large, invalid, of another
+    shape) is an HkError naming it: the owner is never guessed past it."""
+    name, mac = link["name"], (link.get("mac") or "").lower()
+    for f in sorted(glob.glob(_p(glob.escape(root), "etc/netplan/*.yaml"))):
         if os.path.basename(f).startswith("60-hkgpu-tune"):
             continue
-        try:
-            doc = yaml.safe_load(open(f)) or {}
-        except (OSError, yaml.YAMLError):
-            continue
-        for kind in ("ethernets", "bonds", "vlans"):
-            for ident, conf in ((doc.get("network") or {}).get(kind) or {}).items():
-                m = (conf or {}).get("match") or {}
-                if ident == name or m.get("name") and fnmatch.fnmatch(name, m["name"]) \
-                        or m.get("macaddress", "").lower() == mac and mac:
-                    return "netplan", f"{f}:{kind}:{ident}"
-    for f in sorted(glob.glob(_p(root, "etc/NetworkManager/system-connections/*.nmconnection"))):
-        cp = configparser.ConfigParser(interpolation=None)
-        try:
-            cp.read(f)
-        except configparser.Error:
-            continue
+        found = _netplan_owner(f, name, mac)
+        if found:
+            return "netplan", found
+    for f in sorted(glob.glob(_p(glob.escape(root), "etc/NetworkManager/system-connections/*.nmconnection"))):
+        cp = _read_ini(f, strict=True)
         if cp.get("connection", "interface-name", fallback=None) == name or \
                 (mac and cp.get("ethernet", "mac-address", fallback="").lower() == mac):
             return "NetworkManager", f
-    for f in sorted(glob.glob(_p(root, "etc/systemd/network/*.network"))):
-        cp = configparser.ConfigParser(interpolation=None, strict=False)
-        try:
-            cp.read(f)
-        except configparser.Error:
-            continue
+    for f in sorted(glob.glob(_p(glob.escape(root), "etc/systemd/network/*.network"))):
+        cp = _read_ini(f, strict=False)
         names = cp.get("Match", "Name", fallback="").split()
         macs = cp.get("Match", "MACAddress", fallback="").lower().split()
-        if any(fnmatch.fnmatch(name, n) for n in names) or (mac and mac in macs):
+        if any(fnmatch.fnmatchcase(name, n) for n in names) or (mac and mac in macs):
             return "systemd-networkd", f
     return None
 
@@ -313,6 +373,7 @@ def _persist(engine, profile, root, profile_path) -> list[str]:
     w = Writer(root, Journal(engine.state))
     done = []
     try:
+        owners = _mtu_owners(engine, profile, root)   # every manager's file read before any write
         results = engine.verify()
         if profile.sysctl:
             done.append("sysctl: " + w.write(SYSCTL_FILE, sysctl_conf(profile, results)))
@@ -324,18 +385,12 @@ def _persist(engine, profile, root, profile_path) -> list[str]:
         runtime = [n for n in ("ethtool", "qdisc", "gpu", "affinity") if n in engine.by_name]
         boot_link = False
         if "link" in engine.by_name:
-            links = engine.b.net.links()
-            from .subsystems.link import matches
-            for rule in profile.network.interfaces:
-                if not rule.mtu:
-                    continue
-                for ln in [x for x in links if matches(rule.match, x)]:
-                    owner = mtu_owner(root, ln)
-                    if owner is None:
-                        boot_link = True
-                        done.append(f"mtu {ln['name']}: no network manager owns it; the boot unit sets it")
-                    else:
-                        done.append(f"mtu {ln['name']}: {owner[0]}: " + _owner_write(w, owner, ln, rule.mtu))
+            for ln, mtu, owner in owners:
+                if owner is None:
+                    boot_link = True
+                    done.append(f"mtu {ln['name']}: no network manager owns it; the boot unit sets it")
+                else:
+                    done.append(f"mtu {ln['name']}: {owner[0]}: " + _owner_write(w, owner, ln, mtu))
             if profile.network.wan_routes:
                 boot_link = True
         only = (["link"] if boot_link else []) + runtime
@@ -350,6 +405,18 @@ def _persist(engine, profile, root, profile_path) -> list[str]:
     return done
 
 
+def _mtu_owners(engine, profile, root) -> list[tuple[dict, int, tuple[str, str] | None]]:
+    """(link, mtu, owner) for each link a rule with an MTU matches."""
+    if "link" not in engine.by_name:
+        return []
+    from .subsystems.link import matches
+    links, out = engine.b.net.links(), []
+    for rule in profile.network.interfaces:
+        if rule.mtu:
+            out += [(ln, rule.mtu, mtu_owner(root, ln)) for ln in links if matches(rule.match, ln)]
+    return out
+
+
 def _owner_write(w: Writer, owner, link, mtu: int) -> str:
     kind, where = owner
     if kind == "netplan":
@@ -361,7 +428,7 @@ def _owner_write(w: Writer, owner, link, mtu: int) -> str:
     if kind == "NetworkManager":
         cp = configparser.ConfigParser(interpolation=None)
         cp.optionxform = str
-        cp.read(where)
+        cp.read_string(_read_config(where), source=where)
         if not cp.has_section("ethernet"):
             cp.add_section("ethernet")
         cp.set("ethernet", "mtu", str(mtu))
