@@ -261,8 +261,9 @@ def run_tuned(args, workdir: str, res: dict) -> None:
         mps_on = p.returncode == 0 and sweep.mps_running(t)
         log(f"MPS daemon {'started' if mps_on else 'not started: ' + res['mps_start']}")
     try:
-        runs = [(False, sweep.Grid(max_batch=args.max_batch, delay_us=args.delay_us, instances=args.instances,
-                                   mps=[False], concurrency=args.concurrency))]
+        runs = [] if mps_on and args.instances == [0] else [
+            (False, sweep.Grid(max_batch=args.max_batch, delay_us=args.delay_us, instances=args.instances,
+                               mps=[False], concurrency=args.concurrency))]
         if mps_on:
             runs.append((True, sweep.Grid(max_batch=args.max_batch, delay_us=args.delay_us,
                                           instances=args.mps_instances, mps=[True], concurrency=args.concurrency)))
@@ -406,7 +407,8 @@ def main() -> int:
     ints = lambda v: [int(x) for x in v.split(",")]  # noqa: E731
     ap.add_argument("--max-batch", type=ints, default=[32, 64])
     ap.add_argument("--delay-us", type=ints, default=[200])
-    ap.add_argument("--instances", type=ints, default=[2], help="instance counts swept without MPS")
+    ap.add_argument("--instances", type=ints, default=[2],
+                    help="instance counts swept without MPS (0: none, where MPS runs)")
     ap.add_argument("--mps-instances", type=ints, default=[4, 8], help="instance counts swept with MPS")
     ap.add_argument("--concurrency", type=ints, default=[32, 64, 96, 128])
     ap.add_argument("--concurrency-final", type=int, default=0, help="default: the sweep's best level")
