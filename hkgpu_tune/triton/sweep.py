@@ -229,6 +229,17 @@ def measure(server: Server, model, point: Point, levels: list[int], duration_s: 
             point.best = r
         if r["p99_ms"] > slo_ms or r["errors"]:
             break   # more load only adds queueing
+    # already over the SLO at the lowest level (a slower machine, a tight SLO): halve the load a
+    # few times before giving up on this config
+    conc, halvings = min(levels), 0
+    while point.best is None and point.loads and not point.loads[-1]["errors"] and conc > 1 and halvings < 3:
+        conc, halvings = conc // 2, halvings + 1
+        r = loadgen.run(spec_for(server.t, model, conc, duration_s, min(processes, conc), shm))
+        point.loads.append(r)
+        if log:
+            log(f"  {point.label}, {conc} in flight: {loadgen.line(r)}")
+        if r["errors"] == 0 and r["p99_ms"] <= slo_ms and r["requests"] > 0:
+            point.best = r
 
 
 def run(t, model_name: str, grid: Grid, slo_ms: float, budget_s: float, duration_s: float = 5.0,

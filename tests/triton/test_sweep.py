@@ -129,3 +129,21 @@ def test_mps_asked_for_without_a_running_daemon_is_one_line(prof):
     line = one_line_error(hk("triton", "sweep", "-p", str(prof), "--mps", "on", "--budget-s", "60",
                              "--slo-ms", "500"))
     assert "MPS asked for, but the profile has no mps section or its daemon is not running" in line, line
+
+
+def test_a_load_level_over_the_slo_is_halved_until_one_fits(tmp_path):
+    """64 requests in flight on a model that serves ~800 req/s wait ~80 ms: over a 30 ms SLO. The
+    sweep halves the load (32: ~40 ms, 16: ~20 ms) instead of calling the config unusable."""
+    doc = profile_dict(tmp_path, free_ports(3), delay_us=0, p99_ms=30)
+    m = doc["triton"]["models"][0]
+    m["model_file"], m["max_batch_size"] = os.path.join(DATA, "slow.py"), 4
+    p = tmp_path / "slow.yaml"
+    p.write_text(dump(doc))
+    r = hk("triton", "sweep", "-p", str(p), "--instances", "1", "--concurrency", "64", "--duration-s", "1.5",
+           "--budget-s", "60", "--slo-ms", "30", "--json")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    loads = out["points"][0]["loads"]
+    assert loads[0]["concurrency"] == 64 and loads[0]["p99_ms"] > 30, loads
+    best = out["best"]["best"]
+    assert best["concurrency"] < 64 and best["p99_ms"] <= 30, loads
