@@ -12,6 +12,7 @@ Each subcommand: a parser added in add_parser and one run_* function of the Cont
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import time
 
@@ -214,6 +215,10 @@ def run_sweep(ctx: Context) -> int:
     mps = {"profile": [], "on": [True], "off": [False], "both": [False, True]}[a.mps]
     grid = sweep.Grid(max_batch=a.max_batch, delay_us=a.delay_us, instances=a.instances, preferred=a.preferred,
                       mps=mps, concurrency=a.concurrency)
+    if a.png:   # found now, not after the minutes of load
+        d = os.path.dirname(os.path.abspath(a.png))
+        if not os.path.isdir(d) or not os.access(d, os.W_OK):
+            raise HkError(f"--png {a.png}: {d} is not a directory this user can write")
     say = (lambda m: None) if ctx.json else (lambda m: print(m, flush=True))
     rep = sweep.run(t, name, grid, slo, a.budget_s, duration_s=a.duration_s, processes=a.processes, shm=a.shm,
                     log=say)

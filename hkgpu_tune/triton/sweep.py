@@ -355,8 +355,12 @@ def chart(rep: Report, path: str) -> str:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        fig.savefig(path)
+    except OSError as e:
+        raise HkError(f"{path}: cannot write the chart: {e.strerror or e}") from None
+    finally:
+        plt.close(fig)
     return path
 
 

@@ -147,3 +147,9 @@ def test_a_load_level_over_the_slo_is_halved_until_one_fits(tmp_path):
     assert loads[0]["concurrency"] == 64 and loads[0]["p99_ms"] > 30, loads
     best = out["best"]["best"]
     assert best["concurrency"] < 64 and best["p99_ms"] <= 30, loads
+
+
+def test_a_chart_path_that_cannot_be_written_is_refused_before_any_load(prof):
+    line = one_line_error(hk("triton", "sweep", "-p", str(prof), "--png", "/nonexistent/sweep.png",
+                             "--budget-s", "60", "--slo-ms", "500", timeout=30))
+    assert "--png /nonexistent/sweep.png: /nonexistent is not a directory this user can write" in line, line
