@@ -432,34 +432,55 @@ class Tc:
         except OSError:
             return ""
 
-    def _cached(self, kind: str):
+    CACHE_MAX = 64 << 10
+
+    def _load_cache(self) -> dict | None:
+        """The boot cache, trusted only as a regular file of at most CACHE_MAX bytes, in a
+        directory, both owned by this user and writable by no one else, of the expected shape
+        ({"boot": str, "kinds": {kind: [bool, str]}}); anything else is ignored (probed again)."""
         import json
+        import stat
         try:
-            doc = json.load(open(self.cache_file))
-            if doc.get("boot") == self._boot():
-                v = doc["kinds"].get(kind)
-                return tuple(v) if v else None
-        except (OSError, ValueError, KeyError):
+            d = os.lstat(os.path.dirname(self.cache_file))
+            fd = os.open(self.cache_file, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except OSError:
             return None
+        try:
+            st = os.fstat(fd)
+            uid = os.geteuid()
+            if not (stat.S_ISREG(st.st_mode) and stat.S_ISDIR(d.st_mode)) or st.st_size > self.CACHE_MAX \
+                    or st.st_uid != uid or d.st_uid != uid or (st.st_mode | d.st_mode) & 0o022:
+                return None
+            doc = json.loads(os.read(fd, self.CACHE_MAX + 1))
+        except (OSError, ValueError, RecursionError):
+            return None
+        finally:
+            os.close(fd)
+        if not (isinstance(doc, dict) and isinstance(doc.get("boot"), str) and isinstance(doc.get("kinds"), dict)
+                and all(isinstance(v, list) and len(v) == 2 and isinstance(v[0], bool) and isinstance(v[1], str)
+                        for v in doc["kinds"].values())):
+            return None
+        return doc
+
+    def _cached(self, kind: str):
+        doc = self._load_cache()
+        if doc and doc["boot"] == self._boot():
+            v = doc["kinds"].get(kind)
+            return tuple(v) if v else None
         return None
 
     def _remember(self, kind: str, ans) -> None:
         import json
+        from ..fsutil import atomic_write
+        doc = self._load_cache()
+        if not doc or doc["boot"] != self._boot():
+            doc = {"boot": self._boot(), "kinds": {}}
+        doc["kinds"][kind] = list(ans)
         try:
-            try:
-                doc = json.load(open(self.cache_file))
-            except (OSError, ValueError):
-                doc = {}
-            if doc.get("boot") != self._boot():
-                doc = {"boot": self._boot(), "kinds": {}}
-            doc["kinds"][kind] = list(ans)
             os.makedirs(os.path.dirname(self.cache_file), mode=0o755, exist_ok=True)
-            tmp = f"{self.cache_file}.{os.getpid()}"
-            with open(tmp, "w") as f:
-                json.dump(doc, f)
-            os.replace(tmp, self.cache_file)
-        except OSError:
-            pass  # not root: probe again next time
+            atomic_write(self.cache_file, json.dumps(doc), mode=0o644)
+        except (OSError, HkError):
+            pass  # not root, or not a file it may replace: probe again next time
 
     def qdiscs(self, index: int) -> dict:
         """{'root': kind, 'root_handle': 'h:0', 'children': {'8001:1': kind, ...}}"""

@@ -20,10 +20,14 @@ NM = "etc/NetworkManager/system-connections/data.nmconnection"
 NETWORKD = "etc/systemd/network/10-data.network"
 
 
+class Hung(BaseException):
+    """Not an OSError: code that catches those cannot swallow it."""
+
+
 @contextlib.contextmanager
 def within(seconds):
     def late(*_):
-        raise TimeoutError(f"still running after {seconds} s")
+        raise Hung(f"still running after {seconds} s")
     old = signal.signal(signal.SIGALRM, late)
     signal.alarm(seconds)
     try:
