@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 
 from ..errors import ApplyError, UnsupportedError
+from ..fsutil import atomic_write
 from .command import Command
 
 UNIT_DIR = "/etc/systemd/system"
@@ -84,8 +85,4 @@ class Systemd:
                 pass
             return
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        atomic_write(path, text, mode=0o644)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 from .context import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, Context, nonempty, subsystem_list
@@ -44,10 +43,8 @@ def add_parser(sub) -> None:
 
 
 def _write(path: str, text: str) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    from ..fsutil import atomic_write
+    atomic_write(path, text, mode=0o644)
 
 
 def run_facts(ctx: Context) -> int:
