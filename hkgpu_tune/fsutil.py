@@ -30,9 +30,10 @@ def fsync_dir(directory: str) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str, data: bytes | str, mode: int = 0o644, uid: int | None = None,
+def atomic_write(path: str, data, mode: int = 0o644, uid: int | None = None,
                  gid: int | None = None) -> None:
-    """Write `data` to `path` atomically. Raises HkError naming the path on any failure."""
+    """Write `data` (bytes, str, or a binary file object, copied in chunks) to `path` atomically.
+    Raises HkError naming the path on any failure."""
     if isinstance(data, str):
         data = data.encode()
     directory = os.path.dirname(path) or "."
@@ -53,10 +54,11 @@ def atomic_write(path: str, data: bytes | str, mode: int = 0o644, uid: int | Non
             os.fchmod(fd, mode)
             if uid is not None or gid is not None:
                 os.fchown(fd, -1 if uid is None else uid, -1 if gid is None else gid)
-            view = memoryview(data)
-            while view:
-                n = os.write(fd, view)
-                view = view[n:]
+            for chunk in iter(lambda: data.read(1 << 20), b"") if hasattr(data, "read") else (data,):
+                view = memoryview(chunk)
+                while view:
+                    n = os.write(fd, view)
+                    view = view[n:]
             os.fsync(fd)
         finally:
             os.close(fd)

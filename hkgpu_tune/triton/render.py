@@ -12,9 +12,9 @@ import hashlib
 import os
 import re
 import shutil
-import tempfile
 
 from ..errors import HkError
+from ..fsutil import atomic_write
 
 # the file name Triton looks for in a version directory, per backend or platform
 DEFAULT_FILE = {
@@ -222,18 +222,9 @@ def _file_sha(path: str) -> str | None:
         return None
 
 
-def _atomic_write(path: str, data: bytes, mode=0o644) -> None:
+def _atomic_write(path: str, data, mode=0o644) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".hkgpu.")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    atomic_write(path, data, mode)
 
 
 def model_state(t, model) -> dict:
@@ -281,11 +272,8 @@ def write_model(t, model, backends=None) -> list[str]:
     target = os.path.join(d, str(model.version), model_filename(model))
     if model.model_file:
         if _file_sha(target) != _file_sha(model.model_file):
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            tmp = target + ".hkgpu-tmp"
-            shutil.copyfile(model.model_file, tmp)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, target)
+            with open(model.model_file, "rb") as src:
+                _atomic_write(target, src)
             written.append(target)
     elif model.build:
         from . import tensorrt
