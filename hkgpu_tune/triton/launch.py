@@ -22,6 +22,7 @@ import time
 from dataclasses import asdict, dataclass
 
 from ..errors import HkError, UnsupportedError
+from ..fsutil import atomic_write
 from . import client
 
 PID_FILE = "tritonserver.json"
@@ -79,8 +80,8 @@ def prepare_backends(t) -> str:
                 continue
         except FileNotFoundError:
             pass
-        shutil.copy2(src, out + ".tmp")
-        os.replace(out + ".tmp", out)
+        with open(src, "rb") as f:
+            atomic_write(out, f, mode=st.st_mode & 0o755)
     return d
 
 
@@ -498,9 +499,12 @@ def _spawn(ref: ServiceRef, argv: list[str], added: dict, user: str | None, form
             pass
     st = {"pid": proc.pid, "start_ticks": _start_ticks(proc.pid), "argv": argv, "log": log,
           "started": time.time(), "placement": place, "launch": form, "env": added, "user": user}
-    with open(_state_path(ref) + ".tmp", "w") as f:
-        json.dump(st, f)
-    os.replace(_state_path(ref) + ".tmp", _state_path(ref))
+    try:
+        atomic_write(_state_path(ref), json.dumps(st), mode=0o600)
+    except HkError:   # no record, no way to stop it later: stop it now
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
     _CHILDREN[proc.pid] = proc
     return proc.pid
 

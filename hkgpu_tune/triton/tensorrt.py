@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 
 from ..errors import ApplyError, HkError, UnsupportedError
+from ..fsutil import atomic_write
 from ..backends.command import Command
 
 TRTEXEC_MISSING = "trtexec not found (TensorRT is not installed on this host); the plan cannot be built here"
@@ -129,9 +130,7 @@ def build_plan(build, plan: str, model, backends=None, cmd: Command | None = Non
             os.unlink(tmp)
         raise ApplyError(f"{model.name}: trtexec failed (exit {r.rc}):\n{tail}")
     os.replace(tmp, plan)
-    with open(key_path(plan) + ".tmp", "w") as f:
-        json.dump({"key": key, "digest": digest, "built": time.time()}, f, indent=1)
-    os.replace(key_path(plan) + ".tmp", key_path(plan))
+    atomic_write(key_path(plan), json.dumps({"key": key, "digest": digest, "built": time.time()}, indent=1))
     return BuildResult(model.name, plan, True, reason, digest, round(time.monotonic() - t0, 2))
 
 

@@ -1,7 +1,9 @@
 """The two launch forms as rendered: the systemd unit and the exact container command."""
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -123,3 +125,29 @@ def test_a_process_whose_arguments_are_not_yet_set_up_is_not_gone():
     assert not _alive({**st, "start_ticks": st["start_ticks"] + 1})   # a recycled pid
     me = {"pid": os.getpid(), "start_ticks": _start_ticks(os.getpid()), "argv": ["/opt/tritonserver/bin/tritonserver"]}
     assert not _alive(me)   # another program under that pid
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pytriton") is None, reason="needs the nvidia-pytriton wheel")
+def test_a_link_planted_at_the_process_record_is_refused_and_no_server_is_left(tmp_path):
+    """The record of the supervised server (run_dir/tritonserver.json) is written without following
+    links; a link planted there is refused in one line, its target untouched, and the server just
+    started is stopped (without its record nothing could stop it later)."""
+    import psutil
+    from hkgpu_tune.errors import HkError
+    from hkgpu_tune.profile import load_profile
+    from hkgpu_tune.triton import launch, render
+    from .conftest import free_ports
+    p = tmp_path / "p.yaml"
+    p.write_text(dump(profile_dict(tmp_path, free_ports(3))))
+    t = load_profile(str(p)).section("triton")
+    render.write_repository(t)
+    os.makedirs(t.run_dir, exist_ok=True)
+    victim = tmp_path / "victim"
+    victim.write_text("keep me\n")
+    os.symlink(victim, os.path.join(t.run_dir, launch.PID_FILE))
+    before = {q.pid for q in psutil.process_iter() if "tritonserver" in q.name()}
+    with pytest.raises(HkError, match="refusing to replace it: it is a link"):
+        launch.start(t)
+    assert victim.read_text() == "keep me\n"
+    left = {q.pid for q in psutil.process_iter() if "tritonserver" in q.name() and q.status() != psutil.STATUS_ZOMBIE}
+    assert left <= before, left - before
