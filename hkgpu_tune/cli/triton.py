@@ -1,4 +1,4 @@
-"""hkgpu-tune triton render | start | stop | gate | unit | command | build | export.
+"""hkgpu-tune triton render | start | stop | gate | sweep | unit | command | build | export.
 
     hkgpu-tune triton render -p node.yaml          # write the model repository
     hkgpu-tune triton start -p node.yaml           # render, launch, wait for /v2/health/ready
@@ -6,6 +6,7 @@
     hkgpu-tune triton stop -p node.yaml
     hkgpu-tune triton unit -p node.yaml            # the systemd unit it would install
     hkgpu-tune triton command -p node.yaml         # the exact argv (binary or container form)
+    hkgpu-tune triton sweep -p node.yaml --slo-ms 15 --png s.png --write   # best config under the SLO
 
 Each subcommand: a parser added in add_parser and one run_* function of the Context.
 """
