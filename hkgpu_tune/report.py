@@ -90,6 +90,20 @@ def _fmt(v) -> str:
     return str(v)
 
 
+SCHEMA_VERSION = 1
+
+
+def envelope(command: str, data: dict, profile=None) -> dict:
+    """The one JSON shape of every command: who, what, when, then the command's own data."""
+    import socket
+    import time
+    from . import __version__
+    head = {"schema_version": SCHEMA_VERSION, "command": command, "host": socket.gethostname(),
+            "profile": None if profile is None else str(profile),
+            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "version": __version__}
+    return {**head, **data}
+
+
 def to_json(results, extra=None) -> str:
     doc = {
         "results": [r.to_dict() for r in results],
