@@ -29,6 +29,10 @@ PID_FILE = "tritonserver.json"
 LOG_FILE = "tritonserver.log"
 CONTAINER_REPO = "/models"
 CONTROL_MODE = "explicit"
+# latency summaries for p50/p95/p99 (nv_inference_request_summary_us{quantile}) next to the default
+# counters and nv_inference_pending_request_count; monitoring/ alerts on these (docs/monitoring.md)
+METRICS_CONFIG = ("--metrics-config=summary_latencies=true",
+                  "--metrics-config=summary_quantiles=0.5:0.05,0.95:0.01,0.99:0.001")
 
 
 # ---------------------------------------------------------------- where the server is
@@ -116,7 +120,7 @@ def server_args(t, repository: str | None = None) -> list[str]:
     args += [f"--http-address={t.http.address}", f"--http-port={t.http.port}",
              f"--grpc-address={t.grpc.address}", f"--grpc-port={t.grpc.port}",
              f"--metrics-address={t.metrics.address}", f"--metrics-port={t.metrics.port}",
-             "--allow-metrics=true", "--strict-readiness=true", "--exit-on-error=true",
+             "--allow-metrics=true", *METRICS_CONFIG, "--strict-readiness=true", "--exit-on-error=true",
              f"--exit-timeout-secs={int(t.gate.stop_timeout_s)}"]
     return args + list(t.extra_args)
 

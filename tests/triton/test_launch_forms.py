@@ -39,7 +39,9 @@ def test_container_command_is_exactly_this(tmp_path):
         "--http-address=10.0.0.5", "--http-port=9000",
         "--grpc-address=127.0.0.1", "--grpc-port=18001",
         "--metrics-address=127.0.0.1", "--metrics-port=18002",
-        "--allow-metrics=true", "--strict-readiness=true", "--exit-on-error=true", "--exit-timeout-secs=30",
+        "--allow-metrics=true", "--metrics-config=summary_latencies=true",
+        "--metrics-config=summary_quantiles=0.5:0.05,0.95:0.01,0.99:0.001",
+        "--strict-readiness=true", "--exit-on-error=true", "--exit-timeout-secs=30",
     ]
     # the CLI prints the same argv
     f = tmp_path / "c.yaml"
