@@ -32,6 +32,80 @@ def shipped_profiles() -> list[str]:
     return sorted(f.stem for f in PROFILE_DIR.glob("*.yaml"))
 
 
+# Which profile a command uses when none is named: --profile > $HKGPU_TUNE_PROFILE > the node's
+# profile the roles write > the one `apply --persist` writes > the shipped default.
+ENV_PROFILE = "HKGPU_TUNE_PROFILE"
+ENV_ETC_DIR = "HKGPU_TUNE_ETC_DIR"         # tests and chroots: where node.yaml and profile.yaml are
+ETC_DIR = "/etc/hkgpu-tune"
+NODE_FILE = "node.yaml"                    # roles: hkgpu_profile_path
+PERSIST_FILE = "profile.yaml"              # persist.PROFILE_FILE
+SOURCES = {"--profile": "--profile", ENV_PROFILE: ENV_PROFILE, "node": "node profile",
+           "persist": "persisted by apply --persist", "default": "shipped default",
+           "none": "unreadable: the state file alone"}
+
+
+def etc_dir() -> Path:
+    return Path(os.environ.get(ENV_ETC_DIR) or ETC_DIR)
+
+
+@dataclass(frozen=True)
+class ProfileChoice:
+    path: Path
+    source: str            # a key of SOURCES
+    system: bool = False   # found in etc_dir(): root reads it only when root owns it
+
+
+def choose_profile(name: str | os.PathLike | None = None) -> ProfileChoice:
+    """The profile a command uses, and why.
+
+    >>> choose_profile("hk-latency").source
+    '--profile'
+    """
+    if name:
+        return ProfileChoice(resolve_profile(name), "--profile")
+    env = os.environ.get(ENV_PROFILE)
+    if env is not None:
+        if not env.strip():
+            raise ProfileError(f"{ENV_PROFILE} is set but empty: unset it or name a profile")
+        return ProfileChoice(resolve_profile(env), ENV_PROFILE)
+    for file, source in ((NODE_FILE, "node"), (PERSIST_FILE, "persist")):
+        p = etc_dir() / file
+        if os.path.lexists(p):   # a dangling link is an error below, not a silent fall-through
+            return ProfileChoice(p, source, system=True)
+    return ProfileChoice(default_profile_path(), "default")
+
+
+def load_chosen(name: str | os.PathLike | None = None) -> "Profile":
+    """load_profile() of choose_profile(name); the Profile carries its source."""
+    c = choose_profile(name)
+    if c.system:
+        _check_dir(c.path.parent)
+    text = read_profile_file(c.path, system=c.system)
+    prof = parse_profile_text(text, c.path.name if c.source == "default" else str(c.path))
+    prof.source = c.source
+    return prof
+
+
+def _check_dir(d: Path) -> None:
+    """As root: the directory of a system profile must be root's and closed to others."""
+    if os.geteuid() != 0:
+        return
+    try:
+        st = os.stat(d)
+    except OSError as e:
+        raise ProfileError(f"{d}: cannot read: {e.strerror}") from None
+    _check_owner(str(d), st, "directory", "chmod 755")
+
+
+def _check_owner(p: str, st: os.stat_result, what: str, fix: str) -> None:
+    if st.st_uid != 0:
+        raise ProfileError(f"{p}: refused: the {what} is owned by uid {st.st_uid}, not root "
+                           f"(root reads a profile from {etc_dir()} only when root owns it: chown root:root, {fix})")
+    if st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != 0):
+        raise ProfileError(f"{p}: refused: the {what} is writable by other users (mode {stat.S_IMODE(st.st_mode):04o}; "
+                           f"{fix})")
+
+
 def resolve_profile(name: str | os.PathLike | None) -> Path:
     """A bare name ('hk-inference': no '/', no .yaml or .yml suffix) is a shipped profile;
     anything else (a Path, a name with a '/' or a suffix) names a file."""
@@ -496,6 +570,7 @@ SECTIONS: dict[str, str] = {
     "mps": "hkgpu_tune.subsystems.mps:parse_profile",
     "affinity": "hkgpu_tune.subsystems.affinity:parse_profile",
     "triton": "hkgpu_tune.subsystems.triton:parse_profile",
+    "health": "hkgpu_tune.health:parse_profile",
 }
 
 
@@ -511,6 +586,15 @@ class Profile:
     name: str = ""
     description: str = ""
     sections: dict[str, Any] = field(default_factory=dict)
+    source: str = "--profile"   # why this profile was used: a key of SOURCES
+
+    @property
+    def label(self) -> str:
+        """The profile's name for reports: a shipped one by name, any other by its path."""
+        p = Path(self.path)
+        if self.source == "default" or (p.parent == PROFILE_DIR and p.suffix == ".yaml"):
+            return p.stem
+        return self.path
 
     def section(self, name: str):
         return self.sections.get(name)
@@ -574,9 +658,10 @@ def load_yaml_doc(text: str, file: str):
         raise ProfileError(f"{file}: not valid YAML: {e}") from None
 
 
-def read_profile_file(path: str | os.PathLike) -> str:
+def read_profile_file(path: str | os.PathLike, system: bool = False) -> str:
     """The text of a profile file: a regular file (never a FIFO or device: opened without
-    blocking and checked before reading) of at most MAX_BYTES, in UTF-8."""
+    blocking and checked before reading) of at most MAX_BYTES, in UTF-8. `system`: a profile
+    found in /etc, read by root only when root owns it and no one else can write it."""
     p = os.fspath(path)
     try:
         fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
@@ -588,6 +673,8 @@ def read_profile_file(path: str | os.PathLike) -> str:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ProfileError(f"{p}: not a regular file: a profile must be a plain file")
+        if system and os.geteuid() == 0:
+            _check_owner(p, st, "file", "chmod 644")
         if st.st_size > MAX_BYTES:
             raise ProfileError(f"{p}: larger than {MAX_BYTES} bytes: not a profile")
         chunks, total = [], 0

@@ -81,30 +81,54 @@ def summary(results) -> str:
 
 
 def _fmt(v) -> str:
+    """A value as sysctl, ethtool and tc print it: on/off, numbers, 'max', 'combined max',
+    'gro on tso off'; never a Python repr ({'combined': 'max'}, True, None)."""
     if v is None:
         return "-"
     if isinstance(v, bool):
         return "on" if v else "off"
-    if isinstance(v, (list, tuple)):
-        return " ".join(_fmt(x) for x in v)
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, dict):
+        return " ".join(f"{k} {_fmt(x)}" for k, x in v.items()) or "-"
+    if isinstance(v, (list, tuple, set)):
+        return " ".join(_fmt(x) for x in v) or "-"
     return str(v)
 
 
+fmt = _fmt
 SCHEMA_VERSION = 1
 
 
+def _profile_fields(profile) -> dict:
+    if profile is None:
+        return {"profile": None}
+    if hasattr(profile, "label"):   # a Profile: its name or path, and why it was used
+        return {"profile": profile.label, "profile_source": getattr(profile, "source", None)}
+    return {"profile": str(profile)}
+
+
 def envelope(command: str, data: dict, profile=None) -> dict:
-    """The one JSON shape of every command: who, what, when, then the command's own data."""
+    """The one JSON shape of every command: who, what, when, then the command's own data.
+
+    `profile`: a Profile (its label and source are kept), a name or path, or None.
+
+    >>> sorted(envelope("verify", {"results": []}, "hk-inference"))[:4]
+    ['command', 'host', 'profile', 'results']
+    """
     import socket
     import time
     from . import __version__
     head = {"schema_version": SCHEMA_VERSION, "command": command, "host": socket.gethostname(),
-            "profile": None if profile is None else str(profile),
+            **_profile_fields(profile),
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "version": __version__}
+    clash = sorted(set(head) & set(data))
+    if clash:
+        raise ValueError(f"envelope: the command's data must not carry {', '.join(clash)}")
     return {**head, **data}
 
 
-def to_json(results, extra=None) -> str:
+def results_doc(results, extra=None) -> dict:
     doc = {
         "results": [r.to_dict() for r in results],
         "failures": [r.to_dict() for r in results if r.failed],
@@ -112,47 +136,83 @@ def to_json(results, extra=None) -> str:
     }
     if extra:
         doc.update(extra)
-    return json.dumps(doc, indent=2, default=str)
+    return doc
+
+
+def to_json(results, extra=None) -> str:
+    return json.dumps(results_doc(results, extra), indent=2, default=str)
+
+
+def _table(title, cols):
+    """A table that reads at 80 columns: no vertical rules; keys (a width given) are never folded
+    inside a word unless longer than 36 characters; the other columns wrap at spaces."""
+    from rich import box
+    from rich.table import Table
+    from rich.text import Text
+    t = Table(title=Text(title), title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+              padding=(0, 1), show_edge=False, min_width=len(title))
+    for name, width in cols:
+        if width:
+            t.add_column(name, min_width=width, no_wrap=width < 36, overflow="fold")
+        else:
+            t.add_column(name, overflow="fold")
+    return t
+
+
+def _key_width(keys) -> int:
+    return min(max((len(str(k)) for k in keys), default=3), 36)
+
+
+COLOURS = {OK: "green", DRIFT: "yellow", UNSUPPORTED: "magenta", ERROR: "red"}
+
+
+def _status(r):
+    """The status, and the reason after it: one cell that wraps at spaces."""
+    from rich.text import Text
+    reason = str(r.reason or "")
+    if r.status == UNSUPPORTED and not r.required:
+        reason = f"optional; {reason}" if reason else "optional"
+    return Text.assemble((r.status, COLOURS.get(r.status, "")), (f": {reason}" if reason else ""))
+
+
+def _groups(items) -> dict:
+    out: dict[tuple, list] = {}
+    for x in items:
+        out.setdefault((x.subsystem, str(x.target)), []).append(x)
+    return out
 
 
 def print_table(results, console=None, title="verify") -> None:
-    """Values go in as rich Text: a '[red]' in a profile value or a device name is printed as is."""
+    """Values go in as rich Text: a '[red]' in a profile value or a device name is printed as is.
+    One table per subsystem and target (both in the title)."""
     from rich.console import Console
-    from rich.table import Table
     from rich.text import Text
 
     console = console or Console()
-    colours = {OK: "green", DRIFT: "yellow", UNSUPPORTED: "magenta", ERROR: "red"}
-    by_sub: dict[str, list] = {}
-    for r in results:
-        by_sub.setdefault(r.subsystem, []).append(r)
-    for sub, rows in by_sub.items():
-        t = Table(title=Text(f"{title}: {sub}"), title_justify="left")
-        for col in ("target", "key", "current", "desired", "status", "reason"):
-            t.add_column(col, overflow="fold")
+    for (sub, target), rows in _groups(results).items():
+        t = _table(f"{title}: {sub} {target}", [("key", _key_width(r.key for r in rows)), ("current", 0),
+                                                ("desired", 0), ("status", 0)])
         for r in rows:
-            st = r.status if r.required or r.status != UNSUPPORTED else f"{r.status} (optional)"
-            t.add_row(Text(str(r.target)), Text(str(r.key)), Text(_fmt(r.current)), Text(_fmt(r.desired)),
-                      Text(st, style=colours.get(r.status, "")), Text(str(r.reason)))
+            t.add_row(Text(str(r.key)), Text(_fmt(r.current)), Text(_fmt(r.desired)), _status(r))
         console.print(t)
     console.print(Text(summary(results)))
 
 
 def print_changes(changes, results=(), console=None, title="plan") -> None:
     from rich.console import Console
-    from rich.table import Table
     from rich.text import Text
 
     console = console or Console()
-    t = Table(title=Text(title), title_justify="left")
-    for col in ("subsystem", "target", "key", "current", "desired"):
-        t.add_column(col, overflow="fold")
-    for c in changes:
-        t.add_row(*(Text(str(v)) for v in (c.subsystem, c.target, c.key)), Text(_fmt(c.current)), Text(_fmt(c.desired)))
-    console.print(t)
+    for (sub, target), rows in _groups(changes).items():
+        t = _table(f"{title}: {sub} {target}", [("key", _key_width(c.key for c in rows)), ("current", 0),
+                                                ("desired", 0)])
+        for c in rows:
+            t.add_row(Text(str(c.key)), Text(_fmt(c.current)), Text(_fmt(c.desired)))
+        console.print(t)
     skipped = [r for r in results if r.status in (UNSUPPORTED, ERROR)]
     for r in skipped:
-        console.print(Text.assemble((r.status, "magenta"), f" {r.subsystem} {r.target} {r.key}: {r.reason}"))
+        console.print(Text.assemble((r.status, COLOURS.get(r.status, "")),
+                                    f" {r.subsystem} {r.target} {r.key}: {r.reason}"))
     console.print(Text(f"{len(changes)} change(s), {len(skipped)} not applicable"))
 
 

@@ -5,7 +5,11 @@ import argparse
 import os
 import sys
 
+from ..errors import HkError
+
 EXIT_OK, EXIT_ERROR, EXIT_DRIFT = 0, 1, 2
+PROFILE_HELP = ("profile file or shipped profile name (default: $HKGPU_TUNE_PROFILE, else "
+                "/etc/hkgpu-tune/node.yaml, else /etc/hkgpu-tune/profile.yaml, else hk-inference)")
 
 
 def nonempty(value: str) -> str:
@@ -38,17 +42,49 @@ class Context:
 
     @property
     def profile(self):
+        """--profile > $HKGPU_TUNE_PROFILE > the node's profile > the persisted one > the shipped default."""
         if self._profile is None:
-            from ..profile import load_profile
-            self._profile = load_profile(self.args.profile)
+            from ..profile import load_chosen
+            self._profile = load_chosen(getattr(self.args, "profile", None))
         return self._profile
 
     @property
     def engine(self):
         if self._engine is None:
+            from .. import subsystems
             from ..engine import Engine
-            self._engine = Engine(self.profile, only=self.only(), state_dir=self.args.state_dir)
+            only, prof = self.only(), self.profile
+            if only:   # a subsystem the profile has no section for: an error, never a green run of nothing
+                known = [n for n in only if n in subsystems.SECTION]
+                lacking = [n for n in known if subsystems.SECTION[n] not in prof.sections]
+                if lacking and len(known) == len(only):
+                    have = subsystems.for_sections(prof.sections)
+                    raise HkError(f"--only {','.join(lacking)}: the profile {prof.label} has no "
+                                  f"{', '.join(dict.fromkeys(subsystems.SECTION[n] + ':' for n in lacking))} "
+                                  f"section (it has: {', '.join(have) or 'nothing'})")
+            self._engine = Engine(prof, only=only, state_dir=self.args.state_dir)
         return self._engine
+
+    def envelope(self, data: dict, profile=True) -> dict:
+        """The command's JSON: report.envelope with this command's name and profile."""
+        from ..report import envelope
+        return envelope(self.command, data, self.profile if profile is True else profile)
+
+    def dump(self, data: dict, profile=True) -> None:
+        import json
+        print(json.dumps(self.envelope(data, profile), indent=2, default=str))
+
+    @property
+    def command(self) -> str:
+        a = self.args
+        return " ".join(x for x in (a.cmd, getattr(a, "triton_cmd", None) or getattr(a, "action", None)
+                                    or getattr(a, "profiles_cmd", None)) if isinstance(x, str))
+
+    def header(self, title: str | None = None) -> None:
+        """The first line of a table report: which profile, and why."""
+        from ..profile import SOURCES
+        p = self.profile
+        self.line(f"{title or self.command}: profile {p.label} ({SOURCES.get(p.source, p.source)})")
 
     @property
     def console(self):

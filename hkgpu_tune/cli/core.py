@@ -4,12 +4,11 @@ from __future__ import annotations
 import json
 import sys
 
-from .context import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, Context, nonempty, subsystem_list
+from .context import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, PROFILE_HELP, Context, nonempty, subsystem_list
 
 
 def _common(p) -> None:
-    p.add_argument("--profile", "-p", type=nonempty,
-                   help="profile file or shipped profile name (default: hk-inference)")
+    p.add_argument("--profile", "-p", type=nonempty, help=PROFILE_HELP)
     p.add_argument("--only", type=subsystem_list,
                    help="comma-separated subsystems (sysctl,link,ethtool,qdisc,gpu,mps,affinity,triton)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -50,10 +49,35 @@ def _write(path: str, text: str) -> None:
 def run_facts(ctx: Context) -> int:
     facts = ctx.engine.facts()
     if ctx.json:
-        print(json.dumps(facts, indent=2, default=str))
+        ctx.dump({"facts": facts})
     else:
-        ctx.console.print_json(json.dumps(facts, default=str))
+        ctx.header()
+        for sub, data in facts.items():
+            _print_facts(ctx, sub, data)
     return EXIT_OK
+
+
+def _flat(prefix: str, v, out: list) -> None:
+    """Nested facts as dotted keys with values in the tools' own words (scalar lists joined)."""
+    if isinstance(v, dict) and v:
+        for k, x in v.items():
+            _flat(f"{prefix}.{k}" if prefix else str(k), x, out)
+    elif isinstance(v, (list, tuple)) and v and any(isinstance(x, (dict, list, tuple)) for x in v):
+        for i, x in enumerate(v):
+            _flat(f"{prefix}[{i}]", x, out)
+    else:
+        out.append((prefix, v))
+
+
+def _print_facts(ctx: Context, sub: str, data) -> None:
+    from rich.text import Text
+    from ..report import _key_width, _table, fmt
+    rows: list = []
+    _flat("", data, rows)
+    t = _table(f"facts: {sub}", [("key", _key_width(k for k, _ in rows)), ("value", 0)])
+    for k, v in rows:
+        t.add_row(Text(k or "-"), Text(fmt(v)))
+    ctx.console.print(t)
 
 
 def run_verify(ctx: Context) -> int:
@@ -67,8 +91,9 @@ def run_verify(ctx: Context) -> int:
     if args.junit:
         _write(args.junit, report.to_junit(res))
     if ctx.json:
-        print(report.to_json(res))
+        ctx.dump(report.results_doc(res))
     else:
+        ctx.header()
         report.print_table(res, ctx.console)
     return report.exit_code(res)
 
@@ -77,8 +102,9 @@ def run_plan(ctx: Context) -> int:
     from .. import report
     changes, res = ctx.engine.plan()
     if ctx.json:
-        print(report.to_json(res, {"changes": [c.to_dict() for c in changes]}))
+        ctx.dump(report.results_doc(res, {"changes": [c.to_dict() for c in changes]}))
     else:
+        ctx.header("plan")
         report.print_changes(changes, res, ctx.console)
     return EXIT_OK if not [r for r in res if r.failed] else EXIT_DRIFT
 
@@ -94,10 +120,11 @@ def run_apply(ctx: Context) -> int:
         from ..persist import persist
         persisted = persist(eng, ctx.args.root, profile_path=ctx.profile.path)
     if ctx.json:
-        print(report.to_json(rep.results, {"changes": [c.to_dict() for c in rep.changes],
-                                           "error": rep.error, "rolled_back": rep.rolled_back,
-                                           "persisted": persisted}))
+        ctx.dump(report.results_doc(rep.results, {"changes": [c.to_dict() for c in rep.changes],
+                                                  "error": rep.error, "rolled_back": rep.rolled_back,
+                                                  "persisted": persisted}))
     else:
+        ctx.header()
         con = ctx.console
         report.print_changes(rep.changes, (), con, title="applied" if not rep.error else "attempted")
         if rep.error:
@@ -115,21 +142,23 @@ def run_rollback(ctx: Context) -> int:
     from ..engine import Engine
     from ..errors import ProfileError
     from ..profile import Profile
+    from ..report import fmt
     try:
         profile = ctx.profile
     except ProfileError as e:
         # rollback needs only the saved originals: a broken profile must not block it
         print(f"hkgpu-tune: warning: {e} (rolling back from the state file alone)", file=sys.stderr)
-        profile = ctx._profile = Profile(path="(none)")
+        profile = ctx._profile = Profile(path="(none)", source="none")
     only = ctx.only()
     # every subsystem stays loadable: --only narrows what is restored (and may name "persist")
     eng = ctx._engine = Engine(profile, state_dir=ctx.args.state_dir)
     rep = eng.rollback(only=only, forget=ctx.args.forget)
     if ctx.json:
-        print(json.dumps({"restored": [c.to_dict() for c in rep.restored], "files": rep.files,
-                          "kept": [c.to_dict() for c in rep.kept], "forgotten": rep.forgotten,
-                          "errors": rep.errors}, indent=2, default=str))
+        ctx.dump({"restored": [c.to_dict() for c in rep.restored], "files": rep.files,
+                  "kept": [c.to_dict() for c in rep.kept], "forgotten": rep.forgotten,
+                  "errors": rep.errors})
     else:
+        ctx.header()
         for f in rep.files:
             ctx.line(f)
         if not rep.restored and not rep.errors and not rep.forgotten:
@@ -137,7 +166,7 @@ def run_rollback(ctx: Context) -> int:
                      + (f" for {','.join(only)})" if only else ")"))
         for c in rep.restored:
             if c.subsystem != "persist":
-                ctx.line(f"restored {c.subsystem} {c.target} {c.key} = {c.current}")
+                ctx.line(f"restored {c.subsystem} {c.target} {c.key} = {fmt(c.current)}")
         for f in rep.forgotten:
             ctx.line(("forgotten:", "yellow"), f" {f}")
         for e in rep.errors:

@@ -1,16 +1,14 @@
 """`hkgpu-tune mps start|stop|status` (hosts without systemd too) and `hkgpu-tune placement --gpu N`."""
 from __future__ import annotations
 
-import json
-
 from ..errors import HkError
-from .context import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, Context, nonempty
+from .context import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, PROFILE_HELP, Context, nonempty
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("mps", help="start, stop or probe the CUDA MPS control daemon of the profile")
     p.add_argument("action", choices=("start", "stop", "status"))
-    p.add_argument("--profile", "-p", type=nonempty, help="profile file or shipped profile name (its mps: section)")
+    p.add_argument("--profile", "-p", type=nonempty, help=PROFILE_HELP + "; its mps: section")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--direct", action="store_true", help="start/stop the daemon directly even where systemd runs")
     p.set_defaults(run=run_mps)
@@ -22,11 +20,12 @@ def add_parser(sub) -> None:
 
 def run_mps(ctx: Context) -> int:
     from ..backends import Backends
+    from ..report import fmt
     from ..subsystems.mps import Plugin
 
     args, prof = ctx.args, ctx.profile
     if prof.section("mps") is None:
-        raise HkError(f"{prof.path}: the profile has no mps: section")
+        raise HkError(f"{prof.label}: the profile has no mps: section")
     plug = Plugin(prof, Backends())
     try:
         direct = False if args.direct else None
@@ -41,12 +40,12 @@ def run_mps(ctx: Context) -> int:
         plug.b.close()
     h["pipe_dir"] = plug.cfg.pipe_dir
     if args.json:
-        print(json.dumps(h, indent=2))
+        ctx.dump(h)
     else:
         state = "running" if h["alive"] else "stopped"
-        extra = (f", servers {h['servers']}, default active thread percentage "
-                 f"{h['default_active_thread_percentage']}") if h["alive"] else ""
-        print(f"mps {state} ({plug.cfg.pipe_dir}){extra}")
+        extra = (f", servers {fmt(h['servers'])}, default active thread percentage "
+                 f"{fmt(h['default_active_thread_percentage'])}") if h["alive"] else ""
+        print(f"mps {state} ({plug.cfg.pipe_dir}){extra}; profile {prof.label}")
     if args.action == "status":
         return EXIT_OK if h["alive"] else EXIT_DRIFT
     return EXIT_OK if h["alive"] == (args.action == "start") else EXIT_ERROR
@@ -63,7 +62,7 @@ def run_placement(ctx: Context) -> int:
     finally:
         b.close()
     if args.json:
-        print(json.dumps(pl, indent=2))
+        ctx.dump(pl, profile=None)   # placement reads the host, not a profile
     else:
         print(f"GPU {args.gpu}: CPUs {format_cpulist(pl['cpus'])}, NUMA node {pl['numa_node']} ({pl['source']})")
         for line in unit_lines(pl):

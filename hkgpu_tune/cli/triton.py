@@ -18,7 +18,8 @@ import shlex
 import time
 
 from ..errors import HkError
-from .context import EXIT_ERROR, EXIT_OK, Context, nonempty
+from ..report import fmt
+from .context import EXIT_ERROR, EXIT_OK, PROFILE_HELP, Context, nonempty
 
 
 def add_parser(sub) -> None:
@@ -33,7 +34,7 @@ def add_parser(sub) -> None:
             ("command", "print the argv of the service (binary or container form)", run_command),
             ("build", "build TensorRT plans from ONNX with trtexec (cached)", run_build)):
         q = tsub.add_parser(name, help=helptext)
-        q.add_argument("--profile", "-p", type=nonempty, help="profile file with a triton: section")
+        q.add_argument("--profile", "-p", type=nonempty, help=PROFILE_HELP + "; its triton: section")
         q.add_argument("--json", action="store_true", help="machine-readable output")
         if name == "start":
             q.add_argument("--no-gate", action="store_true", help="do not run the gate after ready")
@@ -45,7 +46,7 @@ def add_parser(sub) -> None:
         q.set_defaults(run=fn)
     q = tsub.add_parser("sweep", help="find the config with the most throughput under the p99 SLO "
                                       "(a server of its own; the running service is untouched)")
-    q.add_argument("--profile", "-p", type=nonempty, help="profile file with a triton: section")
+    q.add_argument("--profile", "-p", type=nonempty, help=PROFILE_HELP + "; its triton: section")
     q.add_argument("--json", action="store_true", help="machine-readable output")
     q.add_argument("--model", help="the model to sweep (default: the profile's first)")
     q.add_argument("--max-batch", type=_ints, default=[], help="max_batch_size values, e.g. 32,64,128")
@@ -88,7 +89,7 @@ def _section(ctx: Context):
     from ..subsystems import triton
     t = triton.section(ctx.profile)  # with the mps section's directories where MPS runs
     if t is None:
-        raise HkError(f"{ctx.profile.path}: the profile has no triton: section")
+        raise HkError(f"{ctx.profile.label}: the profile has no triton: section")
     return triton.check_models(t)
 
 
@@ -97,15 +98,19 @@ def _backends():
     return Backends()  # NVML for the GPU's name (plan cache key) and the placement
 
 
-def _out(ctx: Context, doc: dict, text: str) -> None:
-    print(json.dumps(doc, indent=2, default=str) if ctx.json else text)
+def _out(ctx: Context, doc: dict, text: str, profile=True) -> None:
+    if ctx.json:
+        ctx.dump(doc, profile)
+    else:
+        print(text)
 
 
 def run_export(ctx: Context) -> int:
     from ..triton import tensorrt
     a = ctx.args
     info = tensorrt.export_torchvision(a.model, a.output, image_size=a.image_size, opset=a.opset)
-    _out(ctx, info, f"wrote {info['path']} ({info['model']}, input {info['input']}, random weights)")
+    _out(ctx, info, f"wrote {info['path']} ({info['model']}, input {fmt(info['input'])}, random weights)",
+         profile=None)
     return EXIT_OK
 
 
@@ -127,9 +132,13 @@ def run_unit(ctx: Context) -> int:
     t = _section(ctx)
     b = _backends()
     try:
-        print(launch.render_unit(t, launch.placement(t, b)), end="")
+        unit = launch.render_unit(t, launch.placement(t, b))
     finally:
         b.close()
+    if ctx.json:
+        ctx.dump({"unit": unit})
+    else:
+        print(unit, end="")
     return EXIT_OK
 
 
@@ -166,7 +175,7 @@ def run_stop(ctx: Context) -> int:
     finally:
         b.close()
     _out(ctx, rep, f"stopped ({rep['how']}, {rep.get('seconds', 0)} s)" if rep["stopped"]
-         else rep["how"] if not rep["left"] else f"processes left: {rep['left']}")
+         else rep["how"] if not rep["left"] else f"processes left: {fmt(rep['left'])}")
     return EXIT_OK if not rep["left"] else EXIT_ERROR
 
 
