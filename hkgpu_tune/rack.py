@@ -23,12 +23,18 @@ from .errors import HkError
 PLAYBOOKS = {"apply": "site.yml", "verify": "verify.yml", "rollback": "rollback.yml"}
 
 
+COLLECTION = ("collections", "ansible_collections", "hkgpu", "tune")   # under ansible_dir()
+
+
 def ansible_dir() -> Path:
-    """The directory holding playbooks/, roles/ and ansible.cfg (the source tree)."""
+    """The directory holding ansible.cfg and collections/ (the collection hkgpu.tune: playbooks,
+    roles, module): HKGPU_TUNE_ANSIBLE_DIR, else the package's hkgpu_tune/ansible (links into the
+    source tree there; real files in an installed wheel)."""
     env = os.environ.get("HKGPU_TUNE_ANSIBLE_DIR")
     if env:
         return Path(env)
-    return Path(__file__).resolve().parent.parent
+    from importlib.resources import files
+    return Path(str(files("hkgpu_tune").joinpath("ansible")))
 
 
 @dataclass
@@ -111,12 +117,18 @@ def handle_event(hosts: dict, ev: dict) -> str | None:
 def run_playbook(action: str, inventory: str, limit: str | None = None, extravars: dict | None = None,
                  tags: str | None = None, check: bool = False, on_update=None, verbosity: int = 0) -> RackRun:
     """Run site.yml (apply), verify.yml or rollback.yml (or a playbook path) through ansible-runner."""
-    import ansible_runner
+    try:
+        import ansible_runner
+    except ImportError as e:
+        raise HkError(f"hkgpu-tune rack needs ansible-runner and ansible-core ({e}): "
+                      "pip install 'ansible-runner>=2.3' 'ansible-core>=2.16'") from None
 
     base = ansible_dir()
-    playbook = Path(action) if action not in PLAYBOOKS else base / "playbooks" / PLAYBOOKS[action]
+    coll = base.joinpath(*COLLECTION)
+    playbook = Path(action) if action not in PLAYBOOKS else coll / "playbooks" / PLAYBOOKS[action]
     if not playbook.exists():
-        raise HkError(f"{playbook}: no such playbook (set HKGPU_TUNE_ANSIBLE_DIR to the source tree)")
+        raise HkError(f"{playbook}: no such playbook (HKGPU_TUNE_ANSIBLE_DIR: a directory with ansible.cfg "
+                      f"and {'/'.join(COLLECTION)})")
     if not os.path.exists(inventory):
         raise HkError(f"{inventory}: no such inventory")
     hosts: dict[str, HostResult] = {}
@@ -135,7 +147,8 @@ def run_playbook(action: str, inventory: str, limit: str | None = None, extravar
     tmp = tempfile.mkdtemp(prefix="hkgpu-rack-")
     t0 = time.monotonic()
     try:
-        envvars = {"ANSIBLE_CONFIG": str(base / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(base / "roles"),
+        envvars = {"ANSIBLE_CONFIG": str(base / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(coll / "roles"),
+                   "ANSIBLE_COLLECTIONS_PATH": str(base / "collections"),
                    # ansible-playbook of this interpreter's environment even when its bin/ is not on PATH
                    "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
         r = ansible_runner.run(private_data_dir=tmp, playbook=str(playbook.resolve()),

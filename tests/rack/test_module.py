@@ -11,7 +11,7 @@ from hkgpu_tune.converge import merge_sections
 from hkgpu_tune.errors import ProfileError
 from hkgpu_tune.rack import HostResult, handle_event
 
-MODULE = os.path.join(REPO, "roles", "hkgpu", "library", "hkgpu.py")
+MODULE = os.path.join(REPO, "collections", "ansible_collections", "hkgpu", "tune", "plugins", "modules", "hkgpu.py")
 
 
 def test_sections_merge_into_the_node_profile_and_keep_the_others(tmp_path):

@@ -5,6 +5,24 @@ from __future__ import annotations
 DOCUMENTATION = r"""
 module: hkgpu
 short_description: Apply, verify or roll back an hkgpu-tune profile on a GPU inference node
+author:
+  - hkgpu-tune maintainers
+requirements:
+  - the hkgpu_tune Python package (the hkgpu-tune wheel) importable by the node's ansible_python_interpreter
+    (the hkgpu.tune.hkgpu_install role installs it into hkgpu_prefix)
+  - root on the node (it writes /proc/sys, links, ethtool settings, qdiscs and /etc files)
+extends_documentation_fragment:
+  - ansible.builtin.action_common_attributes
+attributes:
+  check_mode:
+    support: full
+    details: the library plans and reports the changes it would make; nothing is written.
+  diff_mode:
+    support: full
+    details: the node profile's text and each setting's current and desired values.
+  platform:
+    support: full
+    platforms: posix
 description:
   - A thin shell over the hkgpu_tune library. The library plans, applies (saving the
     originals first), verifies and rolls back; this module only passes arguments and
@@ -48,12 +66,11 @@ options:
     description: After a change, make the whole node profile survive a reboot (apply --persist).
     type: bool
     default: false
-supports_check_mode: true
 """
 
 EXAMPLES = r"""
 - name: Apply the network sections
-  hkgpu:
+  hkgpu.tune.hkgpu:
     profile: {network: {interfaces: [{match: {name: eth0}, mtu: 9000}]}, sysctl: {net.ipv4.tcp_mtu_probing: 1}}
     persist: true
   vars:
