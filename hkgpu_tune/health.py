@@ -1,0 +1,616 @@
+"""Node health: GPU, kernel-log, NIC and drift checks against the profile's `health:` thresholds,
+and the drain hooks run once per transition (healthy -> unhealthy, unhealthy -> healthy).
+
+>>> cfg = parse_profile(...)                         # doctest: +SKIP  (the profile's health: section)
+>>> rep = run(profile, cfg, "/var/lib/hkgpu-tune")    # doctest: +SKIP  (checks, hooks, state file)
+>>> rep.status                                       # doctest: +SKIP
+'degraded'
+
+Semantics (docs/health.md):
+- status: "degraded" when any check fails, else "error" when a check could not be read, else "healthy".
+- Into unhealthy: at once, on the first degraded run; a new on_unhealthy hook is held down for
+  hold_down_s after the last one that succeeded.
+- Back to healthy: only after the node has been seen healthy on every run for hold_down_s.
+- A run whose status is "error" changes nothing (no hook) and restarts the recovery clock.
+- A hook that fails (exit status not 0, cannot start, or killed at hook_timeout_s) leaves the
+  recorded state as it was, so the next run tries the same transition again.
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import signal
+import stat
+import subprocess
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+
+from .errors import HkError, LockError, StateError
+from .fsutil import atomic_write
+
+HEALTHY, DEGRADED, ERROR = "healthy", "degraded", "error"
+STATUS_VALUE = {HEALTHY: 0, DEGRADED: 1, ERROR: 2}          # hkgpu_tune_health_status
+OK, FAILING, SKIPPED, CHECK_ERROR = "ok", "failing", "skipped", "error"
+
+# XIDs that mean the GPU needs a reset or the node a drain (NVIDIA's XID catalogue: 48 DBE,
+# 63/64 row remapping, 74 NVLink, 79 fallen off the bus, 92 high SBE rate, 94/95 contained and
+# uncontained ECC, 119/120 GSP errors)
+DEFAULT_XIDS = (48, 63, 64, 74, 79, 92, 94, 95, 119, 120)
+CHECKS = ("gpu_count", "gpu_lost", "ecc_uncorrected", "remapped_rows", "retired_pages_pending", "xid",
+          "temperature", "pcie_width", "pcie_gen", "nic_errors", "verify")
+
+STATE_FILE = "health.json"
+LOCK_FILE = "health.lock"
+STATE_MAX = 1 << 20
+HOOK_LOG_MAX = 20
+OUTPUT_TAIL = 2000
+KILL_GRACE_S = 2.0
+
+
+# ---------------------------------------------------------------- the profile section
+@dataclass(frozen=True)
+class HealthConfig:
+    gpus_expected: int | None = None
+    ecc_uncorrected_max: int = 0
+    remapped_rows: bool = True
+    retired_pages_pending: bool = True
+    xids: tuple[int, ...] = DEFAULT_XIDS
+    temperature_max_c: float = 85.0
+    pcie_width: bool = True
+    pcie_gen: bool = True
+    nic_devices: tuple[str, ...] = ()
+    nic_errors_max_increase: int = 0
+    verify_drift: bool = False
+    on_unhealthy: tuple[str, ...] | None = None
+    on_healthy: tuple[str, ...] | None = None
+    hook_timeout_s: float = 30.0
+    hold_down_s: float = 300.0
+
+
+KEYS = ("gpus_expected", "ecc_uncorrected_max", "remapped_rows", "retired_pages_pending", "xids",
+        "temperature_max_c", "pcie_width", "pcie_gen", "nic_errors", "verify_drift",
+        "on_unhealthy", "on_healthy", "hook_timeout_s", "hold_down_s")
+
+
+def _number(n, lo: float, hi: float, what: str) -> float:
+    v = n.value() if n.kind() == "scalar" else None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or not lo <= v <= hi:
+        raise n.error(f"expected {what} ({lo:g}-{hi:g}), got {n._desc()}")
+    return float(v)
+
+
+def _argv(n) -> tuple[str, ...]:
+    items = n.items()
+    if not items:
+        raise n.error("expected a command as a list: [/absolute/program, arg, ...], got an empty list")
+    if len(items) > 64:
+        raise n.error("a command of more than 64 arguments")
+    argv = tuple(i.string(what="a command-line argument (a string)") for i in items)
+    if not os.path.isabs(argv[0]):
+        raise items[0].error(f"the program must be an absolute path (hooks run as root, "
+                             f"without a trusted PATH), got {argv[0]!r}")
+    return argv
+
+
+def parse_profile(n) -> HealthConfig:
+    """The `health:` section (a profile.Node) -> HealthConfig; errors name file:line and key."""
+    from .profile import IFNAME_RE
+    m = n.mapping(KEYS)
+    kw: dict = {}
+    if "gpus_expected" in m:
+        kw["gpus_expected"] = m["gpus_expected"].integer(0, 64)
+    if "ecc_uncorrected_max" in m:
+        kw["ecc_uncorrected_max"] = m["ecc_uncorrected_max"].integer(0, 1 << 32)
+    for k in ("remapped_rows", "retired_pages_pending", "pcie_width", "pcie_gen", "verify_drift"):
+        if k in m:
+            kw[k] = m[k].boolean()
+    if "xids" in m:
+        kw["xids"] = tuple(sorted({i.integer(1, 1 << 16) for i in m["xids"].items()}))
+    if "temperature_max_c" in m:
+        kw["temperature_max_c"] = _number(m["temperature_max_c"], 0, 200, "degrees Celsius")
+    if "nic_errors" in m:
+        nm = m["nic_errors"].mapping(("devices", "max_increase"), required=("devices",))
+        kw["nic_devices"] = tuple(d.string(IFNAME_RE, "an interface name (1-15 characters, no '/', ':' or spaces)")
+                                  for d in nm["devices"].items())
+        if "max_increase" in nm:
+            kw["nic_errors_max_increase"] = nm["max_increase"].integer(0, 1 << 48)
+    for k in ("on_unhealthy", "on_healthy"):
+        if k in m and not m[k].is_null():
+            kw[k] = _argv(m[k])
+    if "hook_timeout_s" in m:
+        kw["hook_timeout_s"] = _number(m["hook_timeout_s"], 0.1, 3600, "seconds")
+    if "hold_down_s" in m:
+        kw["hold_down_s"] = _number(m["hold_down_s"], 0, 7 * 86400, "seconds")
+    return HealthConfig(**kw)
+
+
+def config_of(profile) -> HealthConfig:
+    return profile.section("health") or HealthConfig()
+
+
+# ---------------------------------------------------------------- checks
+@dataclass
+class Check:
+    name: str
+    target: str
+    status: str            # ok | failing | skipped | error
+    value: object = None
+    threshold: object = None
+    reason: str = ""
+
+
+@dataclass
+class Report:
+    status: str
+    checks: list[Check] = field(default_factory=list)
+    gpus: int | None = None
+    seconds: float = 0.0
+    action: dict = field(default_factory=dict)   # what run() did: transition, hook, hold-down
+
+    @property
+    def failing(self) -> list[Check]:
+        return [c for c in self.checks if c.status == FAILING]
+
+    def failing_names(self) -> list[str]:
+        return [f"{c.name}:{c.target}" if c.target else c.name for c in self.failing]
+
+    def to_dict(self) -> dict:
+        return {"status": self.status, "gpus": self.gpus, "seconds": round(self.seconds, 4),
+                "checks": [asdict(c) for c in self.checks],
+                "failing": self.failing_names(), "action": self.action}
+
+
+def _status(checks: list[Check]) -> str:
+    if any(c.status == FAILING for c in checks):
+        return DEGRADED
+    if any(c.status == CHECK_ERROR for c in checks):
+        return ERROR
+    return HEALTHY
+
+
+LOST = "GPU is lost"   # NVML_ERROR_GPU_IS_LOST's string (nvmlErrorString)
+
+
+def _lost(text) -> bool:
+    return LOST.lower() in str(text).lower()
+
+
+def _gpu_checks(cfg: HealthConfig, gpus: list[dict]) -> list[Check]:
+    out: list[Check] = []
+    for g in gpus:
+        t = f"gpu{g.get('index')}"
+        errs = g.get("errors") or {}
+        if g.get("lost") or any(_lost(e) for e in errs.values()):
+            out.append(Check("gpu_lost", t, FAILING, True, False, "NVML: GPU is lost (NVML_ERROR_GPU_IS_LOST)"))
+            continue
+        out.append(Check("gpu_lost", t, OK, False, False))
+
+        ecc = ((g.get("ecc") or {}).get("volatile") or {}).get("uncorrected")
+        if ecc is None:
+            out.append(Check("ecc_uncorrected", t, SKIPPED, None, cfg.ecc_uncorrected_max,
+                             "NVML reports no volatile ECC count (ECC off or not supported)"))
+        else:
+            out.append(Check("ecc_uncorrected", t, FAILING if ecc > cfg.ecc_uncorrected_max else OK,
+                             ecc, cfg.ecc_uncorrected_max, "volatile uncorrected ECC errors since the driver loaded"))
+
+        if cfg.remapped_rows:
+            rr = g.get("remapped_rows")
+            if not rr or (rr.get("pending") is None and rr.get("failed") is None):
+                out.append(Check("remapped_rows", t, SKIPPED, None, "none pending or failed",
+                                 "NVML reports no row remapping (not supported before Ampere)"))
+            else:
+                bad = [k for k in ("pending", "failed") if rr.get(k)]
+                out.append(Check("remapped_rows", t, FAILING if bad else OK,
+                                 {"pending": bool(rr.get("pending")), "failed": bool(rr.get("failed")),
+                                  "uncorrectable": rr.get("uncorrectable")},
+                                 "none pending or failed",
+                                 ("row remapping " + " and ".join(bad) + ": the GPU needs a reset") if bad else ""))
+
+        if cfg.retired_pages_pending:
+            pend = (g.get("retired_pages") or {}).get("pending")
+            if pend is None:
+                out.append(Check("retired_pages_pending", t, SKIPPED, None, False,
+                                 "NVML reports no page retirement (not supported, or rows are remapped instead)"))
+            else:
+                out.append(Check("retired_pages_pending", t, FAILING if pend else OK, bool(pend), False,
+                                 "retired pages wait for a GPU reset" if pend else ""))
+
+        temp = g.get("temp_c")
+        if temp is None:
+            out.append(Check("temperature", t, SKIPPED, None, cfg.temperature_max_c, "no temperature from NVML"))
+        else:
+            out.append(Check("temperature", t, FAILING if temp > cfg.temperature_max_c else OK,
+                             temp, cfg.temperature_max_c, "degrees Celsius"))
+
+        pcie = g.get("pcie") or {}
+        for key, cur, mx, on in (("pcie_width", "width", "max_width", cfg.pcie_width),
+                                 ("pcie_gen", "gen", "max_gen", cfg.pcie_gen)):
+            if not on:
+                continue
+            c, m = pcie.get(cur), pcie.get(mx)
+            if c is None or m is None:
+                out.append(Check(key, t, SKIPPED, c, m, "NVML reports no PCIe link " + cur))
+            else:
+                out.append(Check(key, t, FAILING if c < m else OK, c, m,
+                                 f"link {cur} {c} below the maximum {m}" if c < m else ""))
+    return out
+
+
+def read_gpus(nvml) -> tuple[list[dict] | None, list[Check]]:
+    """(GPUs, checks about reading them). NVML that cannot start because a GPU is lost is a
+    failing gpu_lost check; NVML missing altogether is left to gpu_count (expected or not)."""
+    from .collect import gpu as gpu_collector
+    try:
+        return gpu_collector.read(nvml), []
+    except HkError as e:
+        if _lost(e):
+            return None, [Check("gpu_lost", "", FAILING, True, False, f"NVML: {e}")]
+        return None, [Check("gpu_read", "", SKIPPED, None, None, f"NVML: {e}")]
+    except Exception as e:  # noqa: BLE001 - a reader bug is this check's error, not a crash
+        if _lost(e):
+            return None, [Check("gpu_lost", "", FAILING, True, False, f"NVML: {e}")]
+        return None, [Check("gpu_read", "", CHECK_ERROR, None, None, f"NVML: {type(e).__name__}: {e}")]
+
+
+def _xid_checks(cfg: HealthConfig, events: list[dict] | None, err: str | None) -> list[Check]:
+    if not cfg.xids:
+        return []
+    crit = sorted(cfg.xids)
+    if events is None:
+        return [Check("xid", "", CHECK_ERROR, None, crit, f"kernel log: {err}")]
+    seen: dict[int, int] = {}
+    for e in events:
+        if e.get("kind") == "xid" and e.get("xid") in cfg.xids:
+            seen[e["xid"]] = seen.get(e["xid"], 0) + 1
+    if seen:
+        return [Check("xid", "", FAILING, {str(k): v for k, v in sorted(seen.items())}, crit,
+                      "critical XID(s) in the kernel log since boot: " + ", ".join(map(str, sorted(seen))))]
+    return [Check("xid", "", OK, {}, crit, "")]
+
+
+def read_kmsg() -> tuple[list[dict] | None, str | None]:
+    """XID events since boot; a file named by HKGPU_TUNE_KMSG_REPLAY stands in for the kernel log."""
+    from .collect import kmsg
+    try:
+        replay = os.environ.get("HKGPU_TUNE_KMSG_REPLAY")
+        if replay:
+            with open(replay, encoding="utf-8", errors="replace") as f:
+                return kmsg.events(f.read(STATE_MAX).splitlines()), None
+        return kmsg.events(), None
+    except Exception as e:  # noqa: BLE001 - one line, the check reports it
+        return None, f"{type(e).__name__}: {e}" if not isinstance(e, HkError) else str(e)
+
+
+def _nic_checks(cfg: HealthConfig, counters: dict | None, err: str | None, prev: dict) -> tuple[list[Check], dict]:
+    """NIC errors (rx_errors + tx_errors) rising by more than max_increase since the last run."""
+    out, now = [], {}
+    for dev in cfg.nic_devices:
+        c = (counters or {}).get(dev)
+        if c is None:
+            out.append(Check("nic_errors", dev, CHECK_ERROR, None, cfg.nic_errors_max_increase,
+                             err or "no such network device"))
+            continue
+        total = int(c.get("rx_errors") or 0) + int(c.get("tx_errors") or 0)
+        now[dev] = total
+        before = prev.get(dev)
+        if before is None or total < before:   # first run, or counters reset (driver reload)
+            out.append(Check("nic_errors", dev, OK, 0, cfg.nic_errors_max_increase,
+                             "first reading (or counters reset): nothing to compare yet"))
+            continue
+        rise = total - before
+        out.append(Check("nic_errors", dev, FAILING if rise > cfg.nic_errors_max_increase else OK,
+                         rise, cfg.nic_errors_max_increase, "rx+tx errors since the last health run"))
+    return out, now
+
+
+def _verify_checks(profile) -> list[Check]:
+    from .engine import Engine
+    try:
+        res = Engine(profile).verify()
+    except HkError as e:
+        return [Check("verify", "", CHECK_ERROR, None, 0, str(e))]
+    failed = [r for r in res if r.failed]
+    return [Check("verify", "", FAILING if failed else OK, len(failed), 0,
+                  "; ".join(f"{r.subsystem} {r.target} {r.key}: {r.status}" for r in failed[:5]))]
+
+
+def check(profile, cfg: HealthConfig | None = None, *, nvml=None, kmsg_events=None,
+          nic_counters=None, nic_prev: dict | None = None) -> Report:
+    """Run every configured check. Readers can be passed in (tests); otherwise the collectors run."""
+    t0 = time.monotonic()
+    cfg = cfg or config_of(profile)
+    checks: list[Check] = []
+    gpus, extra = read_gpus(nvml)
+    checks += extra
+    n = len(gpus) if gpus is not None else None
+    if cfg.gpus_expected is not None:
+        if n is None:
+            checks.append(Check("gpu_count", "", FAILING, None, cfg.gpus_expected,
+                                "NVML cannot list the GPUs: " + "; ".join(c.reason for c in extra)))
+        else:
+            checks.append(Check("gpu_count", "", FAILING if n < cfg.gpus_expected else OK, n, cfg.gpus_expected,
+                                f"{cfg.gpus_expected - n} GPU(s) missing" if n < cfg.gpus_expected else ""))
+    checks += _gpu_checks(cfg, gpus or [])
+    if kmsg_events is None:
+        events, err = read_kmsg() if cfg.xids else (None, None)
+    else:
+        events, err = kmsg_events, None
+    checks += _xid_checks(cfg, events, err)
+    nic_now: dict = {}
+    if cfg.nic_devices:
+        err = None
+        if nic_counters is None:
+            try:
+                from .collect import nic
+                nic_counters = nic.read(list(cfg.nic_devices))
+            except Exception as e:  # noqa: BLE001
+                nic_counters, err = {}, f"{type(e).__name__}: {e}"
+        extra_nic, nic_now = _nic_checks(cfg, nic_counters, err, nic_prev or {})
+        checks += extra_nic
+    if cfg.verify_drift:
+        checks += _verify_checks(profile)
+    rep = Report(_status(checks), checks, n, time.monotonic() - t0)
+    rep.action["nic"] = nic_now
+    return rep
+
+
+# ---------------------------------------------------------------- the state file
+def _state_dir(state_dir: str | None) -> str:
+    from .state import State
+    st = State(state_dir)
+    st.check_dir(create=True)           # trusted: ours, not a link, not group/world-writable
+    return st.dir
+
+
+def _is_time(v) -> bool:
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1e11)
+
+
+def load_state(directory: str) -> dict:
+    """The last recorded health state; {} when there is none. A file that is not ours or not of
+    the expected shape is refused (StateError), never half-read."""
+    from .state import _check_owned
+    path = os.path.join(directory, STATE_FILE)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return {}
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise StateError(f"{path}: the health state file is a symbolic link: refused") from None
+        raise StateError(f"{path}: cannot read the health state: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise StateError(f"{path}: the health state file is not a regular file: refused")
+        _check_owned(path, st, "health state file")
+        data = os.read(fd, STATE_MAX + 1)
+    finally:
+        os.close(fd)
+    if len(data) > STATE_MAX:
+        raise StateError(f"{path}: the health state file is over {STATE_MAX} bytes: refused")
+    try:
+        doc = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise StateError(f"{path}: not valid JSON ({e}): refused (remove it to start afresh)") from None
+    bad = None
+    if not isinstance(doc, dict) or doc.get("format") != 1 or doc.get("kind") != "health":
+        bad = "not a hkgpu-tune health state file (format 1)"
+    elif doc.get("acted") not in (HEALTHY, "unhealthy"):
+        bad = "'acted' is not healthy or unhealthy"
+    elif doc.get("observed") not in (HEALTHY, DEGRADED, ERROR):
+        bad = "'observed' is not healthy, degraded or error"
+    elif not all(_is_time(doc.get(k)) for k in ("observed_since", "last_unhealthy_hook", "last_run")):
+        bad = "a time that is not a number of seconds"
+    elif not isinstance(doc.get("nic", {}), dict) or not all(
+            isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+            for k, v in doc.get("nic", {}).items()):
+        bad = "'nic' is not a mapping of device to error count"
+    elif not isinstance(doc.get("hooks", []), list):
+        bad = "'hooks' is not a list"
+    if bad:
+        raise StateError(f"{path}: {bad}: refused (remove it to start afresh)")
+    return doc
+
+
+def save_state(directory: str, doc: dict) -> None:
+    atomic_write(os.path.join(directory, STATE_FILE), json.dumps(doc, indent=1, default=str) + "\n", mode=0o600)
+
+
+class _Lock:
+    """health.lock in the state directory: one health run at a time (apply's lock is separate)."""
+
+    def __init__(self, directory: str):
+        self.path = os.path.join(directory, LOCK_FILE)
+        self.fd = None
+
+    def __enter__(self):
+        from .state import _check_owned
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise StateError(f"{self.path}: the lock file is a symbolic link: refused") from None
+            raise HkError(f"{self.path}: cannot open the lock file: {e.strerror}", e.errno) from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise StateError(f"{self.path}: the lock file is not a regular file: refused")
+            _check_owned(self.path, st, "lock file")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise LockError(f"{self.path}: another hkgpu-tune health run holds the lock; "
+                                "try again when it has finished") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        self.fd = fd
+        return self
+
+    def __exit__(self, *exc):
+        os.close(self.fd)
+
+
+# ---------------------------------------------------------------- hooks
+def run_hook(argv, env_extra: dict, timeout_s: float) -> dict:
+    """Run a hook in a process group of its own; past timeout_s the whole group gets SIGTERM,
+    then SIGKILL after a short grace. Output goes to a file (a pipe could be held open by a
+    grandchild) and its tail is kept."""
+    t0 = time.monotonic()
+    rec = {"argv": list(argv), "pid": None, "rc": None, "timed_out": False, "ok": False,
+           "error": None, "output": "", "seconds": 0.0}
+    env = {**os.environ, **env_extra}
+    with tempfile.TemporaryFile() as out:
+        try:
+            p = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                 env=env, start_new_session=True, close_fds=True)
+        except OSError as e:
+            rec["error"] = f"cannot start {argv[0]}: {e.strerror or e}"
+            rec["seconds"] = time.monotonic() - t0
+            return rec
+        rec["pid"] = p.pid
+        try:
+            rec["rc"] = p.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            rec["timed_out"] = True
+            _kill_group(p)
+        else:
+            _kill_group(p, grace=0)    # what the hook left running in its group goes too
+        out.seek(0, os.SEEK_END)
+        size = out.tell()
+        out.seek(max(0, size - OUTPUT_TAIL))
+        rec["output"] = out.read().decode("utf-8", "replace")
+    rec["seconds"] = round(time.monotonic() - t0, 3)
+    if rec["timed_out"]:
+        rec["error"] = f"killed after {timeout_s:g} s (hook_timeout_s)"
+    elif rec["rc"] != 0:
+        rec["error"] = f"exit status {rec['rc']}"
+    rec["ok"] = rec["error"] is None
+    return rec
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+
+
+def _kill_group(p: subprocess.Popen, grace: float = KILL_GRACE_S) -> None:
+    pgid = p.pid   # start_new_session: the group's id is the leader's pid
+    if grace > 0 or p.poll() is None:
+        try:
+            os.killpg(pgid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            if p.poll() is not None and not _group_alive(pgid):
+                break
+            time.sleep(0.02)
+    elif not _group_alive(pgid):
+        return
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    p.wait()
+    # members of the group are not our children: wait until the kernel has removed them
+    deadline = time.monotonic() + 5
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+
+
+# ---------------------------------------------------------------- transitions
+def run(profile, cfg: HealthConfig | None = None, state_dir: str | None = None, *, hooks: bool = True,
+        now: float | None = None, **readers) -> Report:
+    """Check, then record the run and run at most one hook (semantics at the top of this module),
+    all under the state directory's health lock. readers: nvml, kmsg_events, nic_counters (tests).
+    hooks=False: check only; nothing is run or recorded."""
+    cfg = cfg or config_of(profile)
+    directory = _state_dir(state_dir) if hooks else None
+    if directory is None:
+        rep = check(profile, cfg, **readers)
+        rep.action = {"state": None, "transition": None, "hook": None, "held_down": None,
+                      "skipped": "--no-hooks: no hook run, nothing recorded"}
+        return rep
+    with _Lock(directory):
+        doc = load_state(directory)
+        rep = check(profile, cfg, nic_prev=doc.get("nic") or {}, **readers)
+        _transition(rep, cfg, doc, directory, time.time() if now is None else now)
+    return rep
+
+
+def _transition(rep: Report, cfg: HealthConfig, doc: dict, directory: str, now: float) -> None:
+    first = not doc
+    if first:
+        doc.update({"format": 1, "kind": "health", "tool": "hkgpu-tune", "acted": HEALTHY,
+                    "observed": HEALTHY, "observed_since": now, "last_unhealthy_hook": None,
+                    "last_run": None, "nic": {}, "hooks": []})
+    if rep.status != doc["observed"] or first:
+        doc["observed"], doc["observed_since"] = rep.status, now
+    doc["last_run"] = now
+    nic = rep.action.pop("nic", None)
+    if nic:
+        doc["nic"] = {**doc.get("nic", {}), **nic}
+    action = {"state": doc["acted"], "transition": None, "hook": None, "held_down": None,
+              "state_dir": directory}
+    want = None
+    if rep.status == DEGRADED and doc["acted"] == HEALTHY:
+        last = doc.get("last_unhealthy_hook")
+        if last is not None and 0 <= now - last < cfg.hold_down_s:
+            action["held_down"] = (f"on_unhealthy ran {now - last:.0f} s ago; held down for "
+                                   f"{cfg.hold_down_s:g} s (hold_down_s)")
+        else:
+            want = "unhealthy"
+    elif rep.status == HEALTHY and doc["acted"] == "unhealthy":
+        healthy_for = now - doc["observed_since"]
+        if healthy_for >= cfg.hold_down_s:
+            want = HEALTHY
+        else:
+            action["held_down"] = (f"healthy for {max(healthy_for, 0):.0f} s; on_healthy waits until "
+                                   f"{cfg.hold_down_s:g} s (hold_down_s)")
+    if want:
+        name = "on_unhealthy" if want == "unhealthy" else "on_healthy"
+        argv = cfg.on_unhealthy if want == "unhealthy" else cfg.on_healthy
+        rec = None
+        if argv:
+            env = {"HKGPU_HEALTH_STATUS": rep.status, "HKGPU_HEALTH_TRANSITION": want,
+                   "HKGPU_HEALTH_FAILING": " ".join(rep.failing_names()),
+                   "HKGPU_HEALTH_FAILING_JSON": json.dumps([asdict(c) for c in rep.failing], default=str)}
+            rec = {"hook": name, "time": now, **run_hook(argv, env, cfg.hook_timeout_s)}
+            doc["hooks"] = (doc.get("hooks") or [])[-(HOOK_LOG_MAX - 1):] + [
+                {k: rec[k] for k in ("hook", "time", "rc", "ok", "timed_out", "error", "pid")}]
+        action["hook"] = rec
+        if rec is None or rec["ok"]:
+            doc["acted"] = want
+            action["transition"] = want
+            if want == "unhealthy" and rec is not None:
+                doc["last_unhealthy_hook"] = now
+        # a failed hook: the recorded state stays, so the next run tries the same transition again
+    action["state"] = doc["acted"]
+    save_state(directory, doc)
+    rep.action.update(action)
+
+
+# ---------------------------------------------------------------- export
+def to_families(rep: Report) -> list:
+    """hkgpu_tune_health_status (0 healthy, 1 degraded, 2 error) and hkgpu_tune_health_check{check}
+    (1 failing, per check kind over all GPUs and devices) as collect.Family objects."""
+    from .collect import Family
+    by: dict[str, float] = {}
+    for c in rep.checks:
+        by[c.name] = max(by.get(c.name, 0.0), 1.0 if c.status == FAILING else 0.0)
+    return [
+        Family("hkgpu_tune_health_status", "gauge", "Node health: 0 healthy, 1 degraded, 2 error.",
+               [({}, float(STATUS_VALUE[rep.status]))]),
+        Family("hkgpu_tune_health_check", "gauge", "One health check: 1 failing, 0 not failing.",
+               [({"check": k}, v) for k, v in sorted(by.items())]),
+    ]
