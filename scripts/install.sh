@@ -11,7 +11,13 @@ export DEBIAN_FRONTEND=noninteractive
 pkgs=$(grep -v '^\s*#' scripts/apt-packages.txt | tr '\n' ' ')
 if ! dpkg -s $pkgs >/dev/null 2>&1; then
   apt-get update -qq
-  apt-get install -y -qq --no-install-recommends $pkgs >/dev/null
+  # Debian starts a package's services at install (prometheus on :9090, node_exporter on :9100):
+  # the tests run their own on free loopback ports, so keep these from starting here
+  rcd=/usr/sbin/policy-rc.d; own_rcd=
+  if [ ! -e "$rcd" ]; then printf '#!/bin/sh\nexit 101\n' > "$rcd"; chmod 755 "$rcd"; own_rcd=1; fi
+  rc=0; apt-get install -y -qq --no-install-recommends $pkgs >/dev/null || rc=$?
+  [ -n "$own_rcd" ] && rm -f "$rcd"
+  [ "$rc" -eq 0 ] || exit "$rc"
 fi
 
 PY=${PYTHON:-python3}
