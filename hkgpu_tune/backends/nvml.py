@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import json
 import threading
+from types import SimpleNamespace
 
 from ..errors import ApplyError, HkError, UnsupportedError
 
@@ -78,6 +79,97 @@ FIELDS = {
     "nvlink_peers": _nvlink_peers,
 }
 ALL = tuple(FIELDS)
+
+# --- health reads (monitoring). Constants are nvml.h's documented values, so a replay needs no pynvml.
+TEMPERATURE_GPU = 0                       # nvmlTemperatureSensors_t NVML_TEMPERATURE_GPU
+ERR_CORRECTED, ERR_UNCORRECTED = 0, 1     # nvmlMemoryErrorType_t
+VOLATILE_ECC, AGGREGATE_ECC = 0, 1        # nvmlEccCounterType_t
+RETIRE_SBE, RETIRE_DBE = 0, 1             # nvmlPageRetirementCause_t (multiple single-bit, double-bit)
+# nvmlClocksEventReasons (nvml.h; the older name is nvmlClocksThrottleReasons, same bits)
+EVENT_REASONS = ((0x1, "gpu_idle"), (0x2, "applications_clocks_setting"), (0x4, "sw_power_cap"),
+                 (0x8, "hw_slowdown"), (0x10, "sync_boost"), (0x20, "sw_thermal_slowdown"),
+                 (0x40, "hw_thermal_slowdown"), (0x80, "hw_power_brake_slowdown"),
+                 (0x100, "display_clock_setting"))
+
+
+def reason_names(mask: int) -> list[str]:
+    """A clocks-event bitmask -> names; a bit nvml.h does not name reads as bit_N."""
+    mask = int(mask)
+    names = [n for b, n in EVENT_REASONS if mask & b]
+    known = sum(b for b, _ in EVENT_REASONS)
+    return names + [f"bit_{i}" for i in range(64) if (mask & ~known) >> i & 1]
+
+
+def _opt(nv, fn, *args):
+    """One NVML call; NotSupported -> None (other errors propagate)."""
+    try:
+        return fn(*args)
+    except nv.NVMLError_NotSupported:
+        return None
+
+
+class _Never(Exception):
+    pass
+
+
+def _event_reasons(nv, h):
+    fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+    if fn is not None:
+        try:
+            return reason_names(fn(h))
+        except getattr(nv, "NVMLError_FunctionNotFound", _Never):
+            pass   # a driver older than the binding: the older name below
+    return reason_names(nv.nvmlDeviceGetCurrentClocksThrottleReasons(h))
+
+
+def _ecc_errors(nv, h):
+    return {scope: {kind: _opt(nv, nv.nvmlDeviceGetTotalEccErrors, h, et, ct)
+                    for kind, et in (("corrected", ERR_CORRECTED), ("uncorrected", ERR_UNCORRECTED))}
+            for scope, ct in (("volatile", VOLATILE_ECC), ("aggregate", AGGREGATE_ECC))}
+
+
+def _remapped_rows(nv, h):
+    corr, unc, pending, failed = nv.nvmlDeviceGetRemappedRows(h)
+    return {"correctable": int(corr), "uncorrectable": int(unc), "pending": bool(pending), "failed": bool(failed)}
+
+
+def _retired_pages(nv, h):
+    sbe = _opt(nv, nv.nvmlDeviceGetRetiredPages, h, RETIRE_SBE)
+    dbe = _opt(nv, nv.nvmlDeviceGetRetiredPages, h, RETIRE_DBE)
+    pending = _opt(nv, nv.nvmlDeviceGetRetiredPagesPendingStatus, h)
+    if sbe is None and dbe is None and pending is None:
+        return None
+    return {"sbe": None if sbe is None else len(sbe), "dbe": None if dbe is None else len(dbe),
+            "pending": None if pending is None else bool(pending)}
+
+
+HEALTH = {
+    "utilization": lambda nv, h: (lambda u: {"gpu": int(u.gpu), "memory": int(u.memory)})(
+        nv.nvmlDeviceGetUtilizationRates(h)),
+    "memory": lambda nv, h: (lambda m: {"total": int(m.total), "used": int(m.used), "free": int(m.free)})(
+        nv.nvmlDeviceGetMemoryInfo(h)),
+    "temperature_c": lambda nv, h: int(nv.nvmlDeviceGetTemperature(h, TEMPERATURE_GPU)),
+    "power_w": lambda nv, h: nv.nvmlDeviceGetPowerUsage(h) / 1000,
+    "throttle_reasons": _event_reasons,
+    "ecc_errors": _ecc_errors,
+    "remapped_rows": _remapped_rows,
+    "retired_pages": _retired_pages,
+}
+FIELDS.update(HEALTH)
+
+
+def read_fields(nv, h, keys, out: dict) -> dict:
+    """FIELDS[k] for each key into out; NotSupported -> None, another NVML error -> None plus
+    out["errors"][k] (a GPU that fell off the bus says so here)."""
+    for k in keys:
+        try:
+            out[k] = FIELDS[k](nv, h)
+        except nv.NVMLError_NotSupported:
+            out[k] = None
+        except nv.NVMLError as e:
+            out[k] = None
+            out.setdefault("errors", {})[k] = str(e)
+    return out
 
 
 class Nvml:
@@ -151,16 +243,7 @@ class Nvml:
 
     def gpu(self, index: int, keys=ALL) -> dict:
         nv, h = self._lib(), self._h(index)
-        out = {"index": index}
-        for k in keys:
-            try:
-                out[k] = FIELDS[k](nv, h)
-            except nv.NVMLError_NotSupported:
-                out[k] = None
-            except nv.NVMLError as e:  # a GPU that fell off the bus says so here
-                out[k] = None
-                out.setdefault("errors", {})[k] = str(e)
-        return out
+        return read_fields(nv, h, keys, {"index": index})
 
     # --- writes (root; never exercised on the shared GPU machine)
     def _call(self, what, fn, *args):
@@ -206,6 +289,88 @@ class Nvml:
         nv = self._lib()
         self._call(f"GPU {index} power limit", nv.nvmlDeviceSetPowerManagementLimit, self._h(index),
                    int(round(watts * 1000)))
+
+
+class ReplayError(Exception):
+    """pynvml's NVMLError, replayed."""
+
+
+class ReplayNotSupported(ReplayError):
+    pass
+
+
+# nvml.h return codes a replay may record as {"nvml_error": NAME}; the text is nvmlErrorString's
+ERROR_TEXT = {"NotSupported": "Not Supported", "GpuIsLost": "GPU is lost", "Unknown": "Unknown Error",
+              "NoPermission": "Insufficient Permissions", "Timeout": "Timeout",
+              "InvalidArgument": "Invalid Argument", "FunctionNotFound": "Function Not Found",
+              "CorruptedInforom": "corrupted infoROM", "ResetRequired": "GPU requires reset"}
+
+
+class ReplayLib:
+    """pynvml's health calls served from one GPU's recorded raw answers (`nvml_raw` in the facts):
+    the same FIELDS functions convert them as on a real GPU. Shapes (nvml.h / pynvml):
+      nvmlDeviceGetUtilizationRates {"gpu": %, "memory": %}; nvmlDeviceGetMemoryInfo {"total", "free",
+      "used"} bytes; nvmlDeviceGetTemperature int C (sensor 0); nvmlDeviceGetPowerUsage int mW;
+      nvmlDeviceGetCurrentClocksEventReasons int bitmask; nvmlDeviceGetTotalEccErrors
+      {"corrected"|"uncorrected": {"volatile"|"aggregate": int}}; nvmlDeviceGetRemappedRows
+      [corrRows, uncRows, isPending, failureOccurred]; nvmlDeviceGetRetiredPages {"sbe"|"dbe": [addresses]};
+      nvmlDeviceGetRetiredPagesPendingStatus 0|1. Any answer may be {"nvml_error": NAME} (ERROR_TEXT).
+    A call the record lacks answers NotSupported."""
+
+    NVMLError = ReplayError
+    NVMLError_NotSupported = ReplayNotSupported
+
+    def __init__(self, raw: dict):
+        self.raw = raw
+
+    def _get(self, name, *path):
+        v = self.raw.get(name, {"nvml_error": "NotSupported"})
+        for p in path:
+            v = self._answer(v)
+            v = v.get(p, {"nvml_error": "NotSupported"}) if isinstance(v, dict) else v
+        return self._answer(v)
+
+    @staticmethod
+    def _answer(v):
+        if isinstance(v, dict) and "nvml_error" in v:
+            name = str(v["nvml_error"])
+            if name == "NotSupported":
+                raise ReplayNotSupported(ERROR_TEXT[name])
+            raise ReplayError(ERROR_TEXT.get(name, name))
+        return v
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        v = self._get("nvmlDeviceGetUtilizationRates")
+        return SimpleNamespace(gpu=v["gpu"], memory=v["memory"])
+
+    def nvmlDeviceGetMemoryInfo(self, h):
+        v = self._get("nvmlDeviceGetMemoryInfo")
+        return SimpleNamespace(total=v["total"], free=v["free"], used=v["used"])
+
+    def nvmlDeviceGetTemperature(self, h, sensor):
+        return self._get("nvmlDeviceGetTemperature")
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return self._get("nvmlDeviceGetPowerUsage")
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h):
+        return self._get("nvmlDeviceGetCurrentClocksEventReasons")
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h):
+        return self._get("nvmlDeviceGetCurrentClocksEventReasons")
+
+    def nvmlDeviceGetTotalEccErrors(self, h, error_type, counter_type):
+        return self._get("nvmlDeviceGetTotalEccErrors", ("corrected", "uncorrected")[error_type],
+                         ("volatile", "aggregate")[counter_type])
+
+    def nvmlDeviceGetRemappedRows(self, h):
+        return tuple(self._get("nvmlDeviceGetRemappedRows"))
+
+    def nvmlDeviceGetRetiredPages(self, h, cause):
+        return list(self._get("nvmlDeviceGetRetiredPages", ("sbe", "dbe")[cause]))
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h):
+        return self._get("nvmlDeviceGetRetiredPagesPendingStatus")
 
 
 class ReplayNvml:
@@ -260,7 +425,19 @@ class ReplayNvml:
 
     def gpu(self, index, keys=ALL):
         g = self._g(index)
-        return {"index": index, **{k: copy.deepcopy(g.get(k)) for k in keys}}
+        out = {"index": index}
+        raw = g.get("nvml_raw")
+        for k in keys:
+            if k in HEALTH and raw is not None:
+                read_fields(ReplayLib(raw), None, (k,), out)
+            else:
+                out[k] = copy.deepcopy(g.get(k))
+        return out
+
+    def set_raw(self, index: int, call: str, answer) -> None:
+        """Replace one recorded NVML answer (a fault: an ECC count, a pending remap,
+        {"nvml_error": "GpuIsLost"}). The shapes are ReplayLib's."""
+        self._g(index).setdefault("nvml_raw", {})[call] = copy.deepcopy(answer)
 
     def processes(self, index):
         p = self._g(index).get("processes") or {}

@@ -1,4 +1,4 @@
-"""hkgpu-tune facts | plan | apply | verify | rollback | mps | placement | triton | rack.
+"""hkgpu-tune facts | plan | apply | verify | rollback | mps | placement | triton | rack | profiles | ...
 
 Exit codes: 0 ok, 1 error (usage errors included), 2 drift. Each command group is one module here
 with add_parser(sub); each command sets `run`, a function of the shared Context returning the exit code."""
@@ -43,16 +43,54 @@ def _adder(group: str):
 # command -> the group that adds it; a run imports only its own group (--help and errors: all of them)
 GROUPS = {"facts": "core", "plan": "core", "verify": "core", "rollback": "core", "apply": "core",
           "mps": "gpu", "placement": "gpu", "triton": "triton", "rack": "rack",
-          "health": "health"}
+          "health": "health", "export": "monitor"}
+
+GROUPS.update({"profiles": "profiles", "completion": "meta", "man": "meta"})
+
+EXIT_CODES = """exit codes:
+  0  ok
+  1  error: bad profile or usage, no permission, a failed apply (stderr)
+  2  drift, a required setting unsupported, or a degraded service"""
+
+# one example per command for --help (and the man page)
+EXAMPLES = {
+    "facts": "hkgpu-tune facts --only sysctl,link",
+    "plan": "hkgpu-tune plan --profile hk-latency",
+    "verify": "hkgpu-tune verify --prometheus /var/lib/prometheus/node-exporter/hkgpu.prom",
+    "apply": "hkgpu-tune apply --persist",
+    "rollback": "hkgpu-tune rollback --only sysctl",
+    "mps": "hkgpu-tune mps status",
+    "placement": "hkgpu-tune placement --gpu 0",
+    "triton": "hkgpu-tune triton gate -p /etc/hkgpu-tune/node.yaml",
+    "rack": "hkgpu-tune rack verify -i inventory/hk --limit rack_tko_a01 --forks 20",
+    "profiles": "hkgpu-tune profiles show hk-latency",
+    "completion": "hkgpu-tune completion bash > /etc/bash_completion.d/hkgpu-tune",
+    "man": "hkgpu-tune man > /usr/local/share/man/man1/hkgpu-tune.1",
+}
+
+
+def _epilog(name: str) -> str:
+    ex = EXAMPLES.get(name)
+    return (f"example:\n  {ex}\n\n" if ex else "") + EXIT_CODES
 
 
 def parser(argv=None) -> argparse.ArgumentParser:
-    ap = Parser(prog="hkgpu-tune", description="Tune, verify and roll back GPU inference hosts.")
+    ap = Parser(prog="hkgpu-tune", description="Tune, verify and roll back GPU inference hosts.",
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+                epilog="examples:\n" + "\n".join(f"  {EXAMPLES[c]}" for c in ("verify", "apply", "rack"))
+                + "\n\nprofile used: --profile, else $HKGPU_TUNE_PROFILE, else\n"
+                  "  /etc/hkgpu-tune/node.yaml, else /etc/hkgpu-tune/profile.yaml, else the\n"
+                  "  shipped hk-inference (hkgpu-tune profiles list)\n\n"
+                + EXIT_CODES)
     ap.add_argument("--version", action="version", version=f"hkgpu-tune {__version__}")
-    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
+    sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser, metavar="COMMAND")
     first = next((a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")), None)
     for group in [GROUPS[first]] if first in GROUPS else dict.fromkeys(GROUPS.values()):
         _adder(group)(sub)
+    for name, p in sub.choices.items():
+        if p.epilog is None:
+            p.epilog = _epilog(name)
+            p.formatter_class = argparse.RawDescriptionHelpFormatter
     return ap
 
 

@@ -1,0 +1,40 @@
+"""hkgpu-tune export: verify plus the collectors, one Prometheus textfile written atomically."""
+from __future__ import annotations
+
+import json
+
+from .context import EXIT_DRIFT, EXIT_OK, Context, nonempty
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("export", help="verify and collect node metrics into node_exporter's textfile directory")
+    p.add_argument("--profile", "-p", type=nonempty, help="profile file or shipped profile name (default: hk-inference)")
+    p.add_argument("--textfile-dir", type=nonempty, metavar="DIR",
+                   help="node_exporter's textfile directory (default: $HKGPU_TUNE_TEXTFILE_DIR or "
+                        "/var/lib/prometheus/node-exporter); the file is DIR/hkgpu-tune.prom")
+    p.add_argument("--probes", action="store_true", help="also ping the profile's peers (RTT, jitter, loss, MTU)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--state-dir", type=nonempty, help="apply's state directory (default /var/lib/hkgpu-tune)")
+    p.set_defaults(run=run_export)
+
+
+def run_export(ctx: Context) -> int:
+    from .. import report
+    from ..export import check_dir, export, textfile_dir
+    a = ctx.args
+    check_dir(textfile_dir(a.textfile_dir))   # before the profile and the engine: fail fast
+    rep = export(ctx.profile, a.textfile_dir, probes=a.probes, engine=ctx.engine)
+    code = EXIT_DRIFT if rep.failures or rep.down else EXIT_OK
+    if ctx.json:
+        data = {"path": rep.path, "seconds": round(rep.seconds, 4), "series": rep.series,
+                "failures": rep.failures,
+                "collectors": [{"collector": c.collector, "up": c.up, "error": c.error,
+                                "seconds": round(c.seconds, 4), "data": c.data} for c in rep.collectors]}
+        print(json.dumps(report.envelope("export", data, ctx.profile.path), indent=2, default=str))
+    else:
+        ctx.line(f"wrote {rep.path}: {rep.series} series in {rep.seconds * 1000:.0f} ms, "
+                 f"{rep.failures} failed setting(s)")
+        for c in rep.collectors:
+            if not c.up:
+                ctx.line(("collector down:", "red"), f" {c.collector}: {c.error}")
+    return code
