@@ -43,7 +43,7 @@ def _adder(group: str):
 # command -> the group that adds it; a run imports only its own group (--help and errors: all of them)
 GROUPS = {"facts": "core", "plan": "core", "verify": "core", "rollback": "core", "apply": "core",
           "mps": "gpu", "placement": "gpu", "triton": "triton", "rack": "rack",
-          "health": "health"}
+          "health": "health", "export": "monitor"}
 
 GROUPS.update({"profiles": "profiles", "completion": "meta", "man": "meta"})
 
