@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -50,6 +51,7 @@ class HostResult:
     msg: str = ""
     failures: list = field(default_factory=list)     # Result.to_dict() of failed settings
     results: list = field(default_factory=list)      # every Result.to_dict() the hkgpu module returned
+    diffs: list = field(default_factory=list)        # --check/--diff: {"task", "diff"} (unified diff text)
 
     @property
     def is_failed(self) -> bool:
@@ -107,6 +109,10 @@ def handle_event(hosts: dict, ev: dict) -> str | None:
         r.state, r.msg = "failed", str(res.get("msg", ""))[:2000]
     elif kind == "runner_on_unreachable":
         r.state, r.msg = "unreachable", str(res.get("msg", ""))[:500]
+    if kind == "runner_on_ok" and res.get("diff"):
+        text = diff_text(res["diff"])
+        if text:
+            r.diffs.append({"task": data.get("task", ""), "diff": text})
     if kind in ("runner_on_ok", "runner_on_failed") and "results" in res and isinstance(res["results"], list) \
             and all(isinstance(x, dict) and "subsystem" in x for x in res["results"]):
         r.results = res["results"]
@@ -114,8 +120,29 @@ def handle_event(hosts: dict, ev: dict) -> str | None:
     return name
 
 
+def diff_text(d) -> str:
+    """Ansible's diff of a task (a dict with before/after or prepared, or a list of them) as
+    unified diff text, the way ansible-playbook --diff shows it."""
+    import difflib
+    if isinstance(d, list):
+        return "".join(diff_text(x) for x in d)
+    if not isinstance(d, dict):
+        return ""
+    if d.get("prepared"):
+        return str(d["prepared"]).rstrip("\n") + "\n"
+    before, after = d.get("before", ""), d.get("after", "")
+    if not isinstance(before, str) or not isinstance(after, str):
+        before, after = (json.dumps(x, indent=2, sort_keys=True, default=str) + "\n" for x in (before, after))
+    if before == after:
+        return ""
+    return "".join(difflib.unified_diff(before.splitlines(True), after.splitlines(True),
+                                        str(d.get("before_header") or "before"),
+                                        str(d.get("after_header") or "after")))
+
+
 def run_playbook(action: str, inventory: str, limit: str | None = None, extravars: dict | None = None,
-                 tags: str | None = None, check: bool = False, on_update=None, verbosity: int = 0) -> RackRun:
+                 tags: str | None = None, check: bool = False, on_update=None, verbosity: int = 0,
+                 forks: int | None = None, skip_tags: str | None = None, on_event=None) -> RackRun:
     """Run site.yml (apply), verify.yml or rollback.yml (or a playbook path) through ansible-runner."""
     try:
         import ansible_runner
@@ -132,13 +159,17 @@ def run_playbook(action: str, inventory: str, limit: str | None = None, extravar
     if not os.path.exists(inventory):
         raise HkError(f"{inventory}: no such inventory")
     hosts: dict[str, HostResult] = {}
-    cmdline = []
+    cmdline = []   # ansible-playbook's own flags (ansible-runner adds -i, --limit, --forks, -v)
     if tags:
         cmdline += ["--tags", tags]
+    if skip_tags:
+        cmdline += ["--skip-tags", skip_tags]
     if check:
         cmdline += ["--check", "--diff"]
 
     def handler(ev):
+        if on_event:
+            on_event(ev)
         name = handle_event(hosts, ev)
         if on_update and (name or ev.get("event") == "playbook_on_stats"):
             on_update(hosts)
@@ -153,8 +184,9 @@ def run_playbook(action: str, inventory: str, limit: str | None = None, extravar
                    "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
         r = ansible_runner.run(private_data_dir=tmp, playbook=str(playbook.resolve()),
                                inventory=os.path.abspath(inventory), limit=limit, extravars=extravars or {},
-                               cmdline=" ".join(cmdline) or None, envvars=envvars, quiet=True,
-                               event_handler=handler, verbosity=verbosity, suppress_env_files=True)
+                               cmdline=shlex.join(cmdline) or None, envvars=envvars, quiet=True,
+                               event_handler=handler, verbosity=verbosity or None, forks=forks,
+                               suppress_env_files=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return RackRun(str(playbook), r.rc, r.status, time.monotonic() - t0, hosts)
@@ -166,8 +198,13 @@ def add_parser(sub) -> None:
     p.add_argument("action", choices=sorted(PLAYBOOKS))
     p.add_argument("--inventory", "-i", required=True, help="Ansible inventory (file or directory)")
     p.add_argument("--limit", "-l", help="hosts or groups, e.g. rack_tko_a01")
-    p.add_argument("--tags", help="only these roles / subsystems, e.g. sysctl,link")
-    p.add_argument("--check", action="store_true", help="check mode with diff: change nothing")
+    p.add_argument("--tags", "-t", help="only these roles / subsystems, e.g. sysctl,link")
+    p.add_argument("--skip-tags", help="all but these roles / subsystems")
+    p.add_argument("--forks", "-f", type=_positive, help="hosts at a time (ansible's --forks)")
+    p.add_argument("--verbose", "-v", action="count", default=0,
+                   help="ansible-playbook's -v (repeat for more); its output is printed as it comes")
+    p.add_argument("--check", "-C", action="store_true", help="check mode with diff: change nothing, "
+                                                              "show what would change")
     p.add_argument("--extra-vars", "-e", action="append", default=[], metavar="KEY=VALUE or JSON")
     p.add_argument("--json", action="store_true", help="machine-readable per-host results")
     p.set_defaults(extra_run=cli_run)
@@ -189,48 +226,101 @@ def _extravars(items) -> dict:
     return out
 
 
+def _positive(v: str) -> int:
+    import argparse
+    try:
+        n = int(v)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {v}")
+    return n
+
+
 COLOURS = {"waiting": "dim", "running": "cyan", "ok": "green", "changed": "yellow", "failed": "red",
            "unreachable": "red"}
 
 
 def _progress(hosts):
     from rich.table import Table
+    from rich.text import Text
     t = Table.grid(padding=(0, 2))
     for r in sorted(hosts.values(), key=lambda r: r.host):
-        t.add_row(f"[bold]{r.host}[/]", f"[{COLOURS[r.state]}]{r.state}[/]", r.last_task)
+        t.add_row(Text(r.host, style="bold"), Text(r.state, style=COLOURS[r.state]), Text(r.last_task))
     return t
+
+
+def _what_failed(r: HostResult) -> str:
+    from .report import fmt
+    return "; ".join(f"{f['subsystem']} {f['target']} {f['key']}: {fmt(f.get('current'))} != "
+                     f"{fmt(f.get('desired'))}" for f in r.failures) or r.msg
+
+
+def host_line(r: HostResult) -> str:
+    """One plain line per host (logs, pipes, CI): grep-able, no colour."""
+    line = (f"{r.host}: {'failed' if r.is_failed else r.state} ok={r.ok} changed={r.changed} "
+            f"failed={r.failed} unreachable={r.unreachable}")
+    what = _what_failed(r) if r.is_failed else ""
+    return f"{line}: {' '.join(what.split())}" if what else line
 
 
 def summary_table(run: RackRun):
-    from rich.table import Table
-    t = Table(title=f"{Path(run.playbook).name}: {len(run.hosts)} host(s) in {run.elapsed_s:.1f} s",
-              title_justify="left")
-    for col in ("host", "ok", "changed", "failed", "unreachable", "what failed"):
-        t.add_column(col, overflow="fold")
+    from rich.text import Text
+    from .report import _table
+    t = _table(f"{Path(run.playbook).name}: {len(run.hosts)} host(s) in {run.elapsed_s:.1f} s",
+               [("host", max((len(h) for h in run.hosts), default=4)), ("ok", 2), ("changed", 7), ("failed", 6),
+                ("unreachable", 11), ("what failed", 0)])
     for r in sorted(run.hosts.values(), key=lambda r: r.host):
-        what = "; ".join(f"{f['subsystem']} {f['target']} {f['key']}: {f['current']} != {f['desired']}"
-                         for f in r.failures) or r.msg
         colour = "red" if r.is_failed else ("yellow" if r.changed else "green")
-        t.add_row(f"[{colour}]{r.host}[/]", str(r.ok), str(r.changed), str(r.failed), str(r.unreachable), what)
+        t.add_row(Text(r.host, style=colour), str(r.ok), str(r.changed), str(r.failed), str(r.unreachable),
+                  Text(_what_failed(r)))
     return t
+
+
+def _print_diffs(run: RackRun, out) -> None:
+    for r in sorted(run.hosts.values(), key=lambda r: r.host):
+        for d in r.diffs:
+            out(f"--- {r.host}: {d['task']}")
+            for line in d["diff"].rstrip("\n").split("\n"):
+                out(line)
 
 
 def cli_run(args) -> int:
     from rich.console import Console
-    from rich.live import Live
+    from rich.text import Text
+    from .report import envelope
 
-    con = Console(stderr=bool(args.json))
     extra = _extravars(args.extra_vars)
+    kw = dict(verbosity=args.verbose, forks=args.forks, skip_tags=args.skip_tags)
+    err = Console(stderr=True)
+    if args.verbose and not args.json:   # ansible's own output, as it comes
+        import re
+        tty = sys.stdout.isatty()
+        kw["on_event"] = lambda ev: ev.get("stdout") and print(
+            ev["stdout"] if tty else re.sub(r"\x1b\[[0-9;]*m", "", ev["stdout"]), flush=True)
     if args.json:
-        run = run_playbook(args.action, args.inventory, args.limit, extra, args.tags, args.check)
-        print(json.dumps(run.to_dict(), indent=2, default=str))
-    else:
+        run = run_playbook(args.action, args.inventory, args.limit, extra, args.tags, args.check, **kw)
+        print(json.dumps(envelope(f"rack {args.action}", run.to_dict()), indent=2, default=str))
+    elif sys.stdout.isatty() and not args.verbose:
+        from rich.live import Live
+        con = Console()
         with Live(_progress({}), console=con, refresh_per_second=8, transient=True) as live:
             run = run_playbook(args.action, args.inventory, args.limit, extra, args.tags, args.check,
-                               on_update=lambda hosts: live.update(_progress(hosts)))
+                               on_update=lambda hosts: live.update(_progress(hosts)), **kw)
+        if args.check:
+            _print_diffs(run, lambda s: con.print(Text(s, style="green" if s[:1] == "+" else
+                                                       "red" if s[:1] == "-" else ""), soft_wrap=True))
         con.print(summary_table(run))
+    else:   # a pipe, a log, CI: plain lines, one per host, no control characters
+        run = run_playbook(args.action, args.inventory, args.limit, extra, args.tags, args.check, **kw)
+        if args.check:
+            _print_diffs(run, print)
+        for r in sorted(run.hosts.values(), key=lambda r: r.host):
+            print(host_line(r))
+        print(f"{Path(run.playbook).name}: {len(run.hosts)} host(s), {len(run.failed_hosts)} failed, "
+              f"{run.elapsed_s:.1f} s")
     if not run.hosts:
-        con.print(f"[red]no host ran[/] ({run.status}, rc {run.rc}): check --inventory and --limit")
+        err.print(Text(f"hkgpu-tune: error: no host ran ({run.status}, rc {run.rc}): check --inventory and --limit"))
         return 1
     if run.failed_hosts:
         only_drift = args.action == "verify" and all(
