@@ -306,24 +306,50 @@ def _nic_checks(cfg: HealthConfig, counters: dict | None, err: str | None, prev:
     return out, now
 
 
-def _verify_checks(profile) -> list[Check]:
-    from .engine import Engine
-    try:
-        res = Engine(profile).verify()
-    except HkError as e:
-        return [Check("verify", "", CHECK_ERROR, None, 0, str(e))]
+def _verify_checks(profile, res=None) -> list[Check]:
+    if res is None:
+        from .engine import Engine
+        try:
+            res = Engine(profile).verify()
+        except HkError as e:
+            return [Check("verify", "", CHECK_ERROR, None, 0, str(e))]
     failed = [r for r in res if r.failed]
     return [Check("verify", "", FAILING if failed else OK, len(failed), 0,
                   "; ".join(f"{r.subsystem} {r.target} {r.key}: {r.status}" for r in failed[:5]))]
 
 
-def check(profile, cfg: HealthConfig | None = None, *, nvml=None, kmsg_events=None,
-          nic_counters=None, nic_prev: dict | None = None) -> Report:
-    """Run every configured check. Readers can be passed in (tests); otherwise the collectors run."""
+def _read_nics(devices) -> dict:
+    """/sys statistics of each device; a device that is gone is left out (its check says so)."""
+    from .collect.nic import SysNic
+    src, out = SysNic(), {}
+    for dev in devices:
+        try:
+            out[dev] = src.stats(dev)
+        except OSError:
+            pass
+    return out
+
+
+def _gpu_error_checks(err: str) -> list[Check]:
+    if _lost(err):
+        return [Check("gpu_lost", "", FAILING, True, False, f"NVML: {err}")]
+    return [Check("gpu_read", "", SKIPPED, None, None, f"NVML: {err}")]
+
+
+def check(profile, cfg: HealthConfig | None = None, *, nvml=None, gpus=None, gpu_error: str | None = None,
+          kmsg_events=None, kmsg_error: str | None = None, nic_counters=None, nic_prev: dict | None = None,
+          verify_results=None) -> Report:
+    """Run every configured check. Readings can be passed in (the export run passes its collectors'
+    data, tests their own); what is not passed is read here (NVML, the kernel log, /sys)."""
     t0 = time.monotonic()
     cfg = cfg or config_of(profile)
     checks: list[Check] = []
-    gpus, extra = read_gpus(nvml)
+    if gpu_error is not None:
+        gpus, extra = None, _gpu_error_checks(gpu_error)
+    elif gpus is None:
+        gpus, extra = read_gpus(nvml)
+    else:
+        extra = []
     checks += extra
     n = len(gpus) if gpus is not None else None
     if cfg.gpus_expected is not None:
@@ -334,27 +360,62 @@ def check(profile, cfg: HealthConfig | None = None, *, nvml=None, kmsg_events=No
             checks.append(Check("gpu_count", "", FAILING if n < cfg.gpus_expected else OK, n, cfg.gpus_expected,
                                 f"{cfg.gpus_expected - n} GPU(s) missing" if n < cfg.gpus_expected else ""))
     checks += _gpu_checks(cfg, gpus or [])
-    if kmsg_events is None:
-        events, err = read_kmsg() if cfg.xids else (None, None)
+    if not cfg.xids:
+        events, err = None, None
+    elif kmsg_error is not None:
+        events, err = None, kmsg_error
+    elif kmsg_events is None:
+        events, err = read_kmsg()
     else:
         events, err = kmsg_events, None
     checks += _xid_checks(cfg, events, err)
     nic_now: dict = {}
-    if cfg.nic_devices:
-        err = None
+    if cfg.nic_devices and (nic_prev is not None or nic_counters is not None):
         if nic_counters is None:
-            try:
-                from .collect import nic
-                nic_counters = nic.read(list(cfg.nic_devices))
-            except Exception as e:  # noqa: BLE001
-                nic_counters, err = {}, f"{type(e).__name__}: {e}"
-        extra_nic, nic_now = _nic_checks(cfg, nic_counters, err, nic_prev or {})
+            nic_counters = _read_nics(cfg.nic_devices)
+        extra_nic, nic_now = _nic_checks(cfg, nic_counters, None, nic_prev or {})
         checks += extra_nic
+    else:
+        checks += [Check("nic_errors", dev, SKIPPED, None, cfg.nic_errors_max_increase,
+                         "a rise needs the last health run's counters (hkgpu-tune health with its state)")
+                   for dev in cfg.nic_devices]
     if cfg.verify_drift:
-        checks += _verify_checks(profile)
+        checks += _verify_checks(profile, verify_results)
     rep = Report(_status(checks), checks, n, time.monotonic() - t0)
     rep.action["nic"] = nic_now
     return rep
+
+
+def from_collectors(profile, results, verify_results=None):
+    """A collect.Result "health" from an export run's own readings (the gpu and kmsg collectors'
+    data, verify's results): no second NVML read, no hooks, no state. The NIC errors check needs
+    the previous run's counters, so it is left to `hkgpu-tune health`.
+
+    >>> cres.append(health.from_collectors(profile, cres, results))   # doctest: +SKIP"""
+    from .collect import Result, one_line
+    t = time.perf_counter()
+    try:
+        by = {r.collector: r for r in results}
+        kw: dict = {}
+        g = by.get("gpu")
+        if g is not None:
+            if not g.up:
+                kw["gpu_error"] = g.error or "the gpu collector failed"
+            elif "unsupported" in g.data:
+                kw["gpu_error"] = g.data["unsupported"]
+            else:
+                kw["gpus"] = g.data.get("gpus") or []
+        k = by.get("kmsg")
+        if k is not None:
+            if k.up:
+                kw["kmsg_events"] = k.data.get("events") or []
+            else:
+                kw["kmsg_error"] = k.error or "the kmsg collector failed"
+        rep = check(profile, verify_results=verify_results, **kw)
+        rep.action.pop("nic", None)
+        return Result("health", True, to_families(rep), rep.to_dict(), None, time.perf_counter() - t)
+    except Exception as e:  # noqa: BLE001 - a failing collector is a metric, not a crash
+        return Result("health", False, [], {}, one_line(e), time.perf_counter() - t)
 
 
 # ---------------------------------------------------------------- the state file
