@@ -1,0 +1,53 @@
+"""What the packaging tests share: one wheel built from a clean copy of the source tree, and a
+small simulated rack (tests/rack/simrack.py: real sshd per network namespace)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import REPO, env_tools_on_path, missing_tool
+
+sys.path.insert(0, os.path.join(REPO, "tests", "rack"))
+import simrack  # noqa: E402
+
+env_tools_on_path()
+HOSTS = 2
+# not part of the package: left out of the copy the wheel is built from
+NOT_SHIPPED = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", "*.pyc", ".venv",
+                                     ".pytest_cache", ".cache", ".whl", ".gl", "tests", "bench", "docs")
+
+
+@pytest.fixture(scope="session")
+def wheel(tmp_path_factory) -> str:
+    """hkgpu_tune-*.whl built (pip wheel, no index) from a copy of the tree: never the shared build/."""
+    d = tmp_path_factory.mktemp("wheel")
+    src = d / "src"
+    shutil.copytree(REPO, src, symlinks=True, ignore=NOT_SHIPPED)
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+                        "--quiet", "--wheel-dir", str(d / "dist"), str(src)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    (whl,) = (d / "dist").glob("hkgpu_tune-*.whl")
+    return str(whl)
+
+
+@pytest.fixture(scope="module")
+def rack(tmp_path_factory):
+    """A rack of HOSTS simulated hosts; removed afterwards."""
+    if os.geteuid() != 0:
+        pytest.skip("the simulated rack needs root (network namespaces, sshd)")
+    why = missing_tool(("/usr/sbin/sshd", "ssh", "ssh-keygen", "ip", "ethtool", "ansible-playbook"))
+    if why:
+        pytest.skip(why)
+    run = str(tmp_path_factory.mktemp("hkrack"))
+    inv = simrack.up(HOSTS, run=run)
+    names = simrack.host_names(HOSTS)
+    try:
+        yield {"inventory": inv, "hosts": names, "dir": run,
+               "originals": {n: simrack.snapshot(n) for n in names}}
+    finally:
+        simrack.down(run, quiet=True)
