@@ -23,9 +23,13 @@ DMESG_RE = re.compile(r"\[\s*(\d+\.\d+)\]\s?(.*)")
 JOURNAL_RE = re.compile(r"\w{3} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)? \S+ kernel: (.*)")
 XID_RE = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f:.]+)\): (\d+)")
 IF = r"([A-Za-z0-9_.@-]{1,15})"
-LINK_DOWN = (re.compile(IF + r":? (?:NIC )?Link is Down", re.I), re.compile(IF + r": Link down\b"))
-RESET = (re.compile(r"NETDEV WATCHDOG: " + IF + r" \("), re.compile(IF + r":? (?:Reset adapter|reset adapter)"),
-         re.compile(IF + r":? .*\b(?:tx timeout|TX timeout|tx_timeout)"))
+LINK_DOWN_RE = re.compile(r"Link is [Dd]own|: Link down\b")
+RESET_RE = re.compile(r"NETDEV WATCHDOG|[Rr]eset adapter|[Tt][Xx][ _]timeout")
+# which interface: netdev_*() lines are "<driver> <pci address> <ifname>: ...", the watchdog names it,
+# older drivers write "<ifname>: NIC Link is ..." or "<driver>: <ifname> NIC Link is ..."
+DEVICE_RE = (re.compile(r"NETDEV WATCHDOG: " + IF + r" \("),
+             re.compile(r"^\S+ [0-9A-Fa-f]{4}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-7] " + IF + r": "),
+             re.compile(IF + r":? (?:NIC )?Link is"))
 MAX_LINES = 200_000
 
 
@@ -43,16 +47,21 @@ def _message(line: str) -> tuple[str, float | None]:
     return line, None
 
 
+# a cheap first look: only lines with one of these go through the patterns above
+ANY_RE = re.compile(r"NVRM: Xid|Link is [Dd]own|Link down|NETDEV WATCHDOG|[Rr]eset adapter|[Tt][Xx][ _]timeout")
+
+
 def parse_line(line: str) -> dict | None:
+    if not ANY_RE.search(line):
+        return None
     msg, t = _message(line)
     m = XID_RE.search(msg)
     if m:
         return {"kind": "xid", "device": m.group(1).lower(), "xid": int(m.group(2)), "line": msg, "time": t}
-    for kind, regs in (("link_flap", LINK_DOWN), ("nic_reset", RESET)):
-        for r in regs:
-            m = r.search(msg)
-            if m:
-                return {"kind": kind, "device": m.group(1), "xid": None, "line": msg, "time": t}
+    for kind, r in (("link_flap", LINK_DOWN_RE), ("nic_reset", RESET_RE)):
+        if r.search(msg):
+            dev = next((m.group(1) for m in (d.search(msg) for d in DEVICE_RE) if m), "unknown")
+            return {"kind": kind, "device": dev, "xid": None, "line": msg, "time": t}
     return None
 
 
@@ -92,7 +101,18 @@ def events(lines=None) -> list[dict]:
             lines = read_kmsg()
         except OSError:
             lines = read_journal()
-    return [e for e in map(parse_line, lines) if e is not None]
+    # one search over the whole log, then only the lines it hit (a ring buffer holds thousands)
+    text, out, last = "\n".join(lines), [], -1
+    for m in ANY_RE.finditer(text):
+        start = text.rfind("\n", 0, m.start()) + 1
+        if start == last:
+            continue
+        last = start
+        end = text.find("\n", m.end())
+        e = parse_line(text[start:None if end < 0 else end])
+        if e is not None:
+            out.append(e)
+    return out
 
 
 def _bus(pci: str) -> str:

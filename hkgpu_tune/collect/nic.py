@@ -18,38 +18,26 @@ import subprocess
 from . import Family
 
 STATS = ("rx_dropped", "tx_dropped", "rx_errors", "tx_errors", "rx_packets", "tx_packets", "rx_bytes", "tx_bytes")
-QUEUE_RE = (re.compile(r"(rx|tx)_queue_(\d+)_(.+)"), re.compile(r"(rx|tx)(\d+)_(.+)"),
-            re.compile(r"(rx|tx)-(\d+)\.(.+)"))
-BNXT_RE = re.compile(r"\[(\d+)\]: (rx|tx)_(.+)")
-LINE_RE = re.compile(r"\s*(.+?):\s+(-?\d+)\s*$")
+# one pattern for the per-queue forms: rx_queue_N_x | rxN_x | rx-N.x | [N]: rx_x
+QUEUE_RE = re.compile(r"(?:(rx|tx)(?:_queue_(\d+)_|(\d+)_|-(\d+)\.)|\[(\d+)\]: (rx|tx)_)(.+)")
+LINE_RE = re.compile(r"^[ \t]*(\S.*?):[ \t]+(-?\d+)[ \t]*$", re.M)
 
 
 def parse_ethtool_s(text: str) -> dict[str, int]:
     """`ethtool -S DEV` -> {name: value} (the header line and anything that is not name: integer is skipped)."""
-    out = {}
-    for line in text.splitlines():
-        m = LINE_RE.fullmatch(line)
-        if m:
-            out[m.group(1)] = int(m.group(2))
-    return out
+    return {m[0]: int(m[1]) for m in LINE_RE.findall(text)}
 
 
 def queues(stats: dict[str, int]) -> dict[str, dict[str, int]]:
     """Per-queue counters out of a driver's flat statistics: {"rx-0": {"packets": .., "dropped": ..}}."""
     out: dict[str, dict[str, int]] = {}
+    match = QUEUE_RE.fullmatch
     for name, v in stats.items():
-        m = BNXT_RE.fullmatch(name)
-        if m:
-            q, d, what = m.group(1), m.group(2), m.group(3)
-        else:
-            for r in QUEUE_RE:
-                m = r.fullmatch(name)
-                if m:
-                    d, q, what = m.groups()
-                    break
-            else:
-                continue
-        out.setdefault(f"{d}-{int(q)}", {})[what] = v
+        m = match(name)
+        if m is None:
+            continue
+        d, a, b, c, e, d2, what = m.groups()
+        out.setdefault(f"{d or d2}-{int(a or b or c or e)}", {})[what] = v
     return out
 
 
