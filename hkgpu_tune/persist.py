@@ -26,6 +26,7 @@ from .state import State
 
 SYSCTL_FILE = "etc/sysctl.d/60-hkgpu-tune.conf"
 PROFILE_FILE = "etc/hkgpu-tune/profile.yaml"
+EXPORT_ENV = "etc/hkgpu-tune/export.env"   # written by the hkgpu_verify role: HKGPU_TUNE_TEXTFILE_DIR=...
 UNIT_NAME = "hkgpu-tune.service"
 UNIT_FILE = f"etc/systemd/system/{UNIT_NAME}"
 WANTS_LINK = f"etc/systemd/system/multi-user.target.wants/{UNIT_NAME}"
@@ -343,7 +344,7 @@ def sysctl_conf(profile, results) -> str:
 def boot_unit(exe: str, only: list[str]) -> str:
     return f"""# Written by hkgpu-tune apply --persist; `hkgpu-tune rollback` removes it.
 [Unit]
-Description=hkgpu-tune: re-apply runtime NIC settings, then verify
+Description=hkgpu-tune: re-apply runtime NIC settings, then verify and export the metrics
 DefaultDependencies=no
 After=systemd-udev-settle.service systemd-sysctl.service network-pre.target nvidia-persistenced.service
 Wants=network-pre.target
@@ -353,8 +354,11 @@ Conflicts=shutdown.target
 [Service]
 Type=oneshot
 RemainAfterExit=yes
+# the export writes the one textfile the verify timer also writes (HKGPU_TUNE_TEXTFILE_DIR, else
+# node_exporter's default directory): the same series, never a second file
+EnvironmentFile=-/{EXPORT_ENV}
 ExecStart={exe} apply --profile /{PROFILE_FILE} --only {','.join(only)}
-ExecStartPost=-{exe} verify --profile /{PROFILE_FILE} --prometheus /run/hkgpu-tune.prom
+ExecStartPost=-{exe} export --profile /{PROFILE_FILE}
 
 [Install]
 WantedBy=multi-user.target
