@@ -46,6 +46,7 @@ GROUPS = {"facts": "core", "plan": "core", "verify": "core", "rollback": "core",
           "health": "health", "export": "monitor"}
 
 GROUPS.update({"profiles": "profiles", "completion": "meta", "man": "meta"})
+GROUPS["baseline"] = "baseline"   # capture / serve / compare (docs/baseline.md)
 
 EXIT_CODES = """exit codes:
   0  ok
@@ -66,6 +67,7 @@ EXAMPLES = {
     "profiles": "hkgpu-tune profiles show hk-latency",
     "completion": "hkgpu-tune completion bash > /etc/bash_completion.d/hkgpu-tune",
     "man": "hkgpu-tune man > /usr/local/share/man/man1/hkgpu-tune.1",
+    "baseline": "hkgpu-tune baseline compare before.json after.json --png compare.png",
 }
 
 

@@ -1,18 +1,139 @@
-"""Kernel settings through /proc/sys."""
+"""Kernel settings through /proc/sys, and TCP buffer maxima derived from the path (tcp_buffers)."""
 from __future__ import annotations
 
-from ..errors import HkError, UnsupportedError
+import math
+from dataclasses import dataclass
+
+from ..errors import HkError, ProfileError, UnsupportedError
 from ..normalize import at_least, same
 from ..report import DRIFT, ERROR, OK, UNSUPPORTED
 from .base import Subsystem
+
+# ---------------------------------------------------------------- tcp_buffers: sizes from the path
+SEED_FLOOR = 268435456      # the seed's rmem_max/wmem_max and tcp_rmem/tcp_wmem maximum
+INT_MAX = 2147483647        # the kernel keeps these as int
+MIB = 1 << 20
+BUFFER_KEYS = {"net.core.rmem_max": None, "net.core.wmem_max": None,
+               "net.ipv4.tcp_rmem": "4096 87380", "net.ipv4.tcp_wmem": "4096 65536"}
+
+
+@dataclass(frozen=True)
+class PathGroup:
+    name: str
+    bandwidth_gbit: float
+    rtt_ms: float | None      # None: the largest wan_peers[].rtt_ms
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class TcpBuffers:
+    """tcp_buffers: {GROUP: {bandwidth_gbit, rtt_ms}, ..., min_bytes, headroom}."""
+    groups: tuple
+    min_bytes: int = SEED_FLOOR
+    headroom: float = 2.0
+    file: str = ""
+
+
+def _num(n, lo, hi, what):
+    v = n.value()
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (lo < v <= hi):
+        raise n.error(f"expected {what} (more than {lo:g}, at most {hi:g}), got {n._desc()}")
+    return float(v)
+
+
+def parse_tcp_buffers(n) -> TcpBuffers:
+    """
+    tcp_buffers:
+      fabric: {bandwidth_gbit: 200, rtt_ms: 0.1}
+      wan:    {bandwidth_gbit: 10}        # rtt_ms: the largest wan_peers[].rtt_ms
+      min_bytes: 268435456                # the floor (the seed's value); lower only when set lower
+      headroom: 2                         # buffer = BDP x headroom (the kernel counts overhead too)
+    """
+    groups, kw = [], {}
+    for key, v in n.mapping().items():
+        if key == "min_bytes":
+            kw["min_bytes"] = v.integer(4096, INT_MAX)
+        elif key == "headroom":
+            kw["headroom"] = _num(v, 0, 16, "a multiplier")
+        else:
+            if not v.kind() == "mapping":
+                raise v.error("expected a peer group {bandwidth_gbit: N, rtt_ms: M} (or min_bytes, headroom)")
+            g = v.mapping(("bandwidth_gbit", "rtt_ms"), required=("bandwidth_gbit",))
+            groups.append(PathGroup(key, _num(g["bandwidth_gbit"], 0, 3200, "Gbit/s"),
+                                    _num(g["rtt_ms"], 0, 5000, "milliseconds") if "rtt_ms" in g else None, v.line))
+    if not groups:
+        raise n.error("expected at least one peer group, e.g. wan: {bandwidth_gbit: 10, rtt_ms: 60}")
+    return TcpBuffers(tuple(groups), file=n.file, **kw)
+
+
+def derive_buffer(profile) -> tuple[int, str] | None:
+    """(bytes, the arithmetic in words) for the profile's tcp_buffers, or None without one.
+    bytes = max over groups of ceil(Gbit/s x 1e9 / 8 x RTT s x headroom, to a MiB), never below
+    min_bytes, at most INT_MAX."""
+    tb = profile.section("tcp_buffers")
+    if tb is None:
+        return None
+    wan_rtts = [p.rtt_ms for p in profile.network.wan_peers if p.rtt_ms is not None]
+    parts, best = [], 0
+    for g in tb.groups:
+        rtt = g.rtt_ms
+        src = ""
+        if rtt is None:
+            if not wan_rtts:
+                raise ProfileError(f"{tb.file}:{g.line}: tcp_buffers.{g.name}.rtt_ms: missing, and no "
+                                   "network.wan_peers[].rtt_ms to take it from")
+            rtt, src = max(wan_rtts), " (largest wan_peers rtt_ms)"
+        bdp = g.bandwidth_gbit * 1e9 / 8 * rtt / 1000
+        need = math.ceil(bdp * tb.headroom / MIB) * MIB
+        parts.append(f"{g.name}: {g.bandwidth_gbit:g} Gbit/s x {rtt:g} ms{src} = {bdp:,.0f} B BDP"
+                     f" x {tb.headroom:g} = {need:,} B ({need // MIB} MiB)")
+        best = max(best, need)
+    value = max(best, tb.min_bytes)
+    floor = f"floor {tb.min_bytes:,}" + (" (the seed's)" if tb.min_bytes == SEED_FLOOR else " (min_bytes)")
+    capped = ""
+    if value > INT_MAX:
+        value, capped = INT_MAX, f", capped at the kernel's {INT_MAX:,}"
+    return value, f"tcp_buffers: {'; '.join(parts)}; {floor} -> {value:,}{capped}"
+
+
+def buffer_settings(profile):
+    """The profile's sysctl settings with the four buffer keys set from tcp_buffers (which decides
+    them: a value in the sysctl section is replaced, its min/default fields kept); and
+    {key: the arithmetic} for the reasons."""
+    from ..profile import SysctlSetting
+    settings = list(profile.sysctl)
+    got = derive_buffer(profile)
+    if got is None:
+        return settings, {}
+    value, why = got
+    have = {s.key: i for i, s in enumerate(settings)}
+    for key, head in BUFFER_KEYS.items():
+        old = settings[have[key]] if key in have else None
+        if head is not None:
+            fields = old.value.split() if old is not None else []
+            head = " ".join(fields[:2]) if len(fields) == 3 else head
+            val = f"{head} {value}"
+        else:
+            val = str(value)
+        new = SysctlSetting(key, val, "at_least", old.optional if old else False, old.line if old else 0)
+        if old is not None:
+            settings[have[key]] = new
+        else:
+            settings.append(new)
+    return settings, {k: why for k in BUFFER_KEYS}
 
 
 class Plugin(Subsystem):
     name = "sysctl"
 
+    def settings(self):
+        if not hasattr(self, "_settings"):
+            self._settings, self._why = buffer_settings(self.profile)
+        return self._settings
+
     def read(self) -> dict:
         out = {}
-        for s in self.profile.sysctl:
+        for s in self.settings():
             try:
                 v = self.b.sysctl.read(s.key)
                 out[s.key] = " ".join(v.split()) if v is not None else None
@@ -22,7 +143,7 @@ class Plugin(Subsystem):
 
     def compare(self, state):
         res = []
-        for s in self.profile.sysctl:
+        for s in self.settings():
             cur = state.get(s.key)
             kw = {"required": not s.optional}
             if isinstance(cur, Exception):
@@ -44,6 +165,10 @@ class Plugin(Subsystem):
                 res.append(self.result("host", s.key, cur, s.value, DRIFT,
                                        "below the desired value" if s.compare == "at_least" else "differs",
                                        write=want, **kw))
+        for r in res:   # the plan shows how a derived buffer size was reached
+            if r.key in self._why:
+                r.reason = f"{r.reason}; {self._why[r.key]}" if r.reason else self._why[r.key]
+                r.data = {**r.data, "derivation": self._why[r.key]}
         return res
 
     def _unsupported_value(self, s) -> str:
