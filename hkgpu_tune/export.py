@@ -56,7 +56,7 @@ def check_dir(d: str) -> None:
     if not stat.S_ISDIR(st.st_mode):
         raise HkError(f"{d}: not a directory (--textfile-dir)")
     if not os.access(d, os.W_OK | os.X_OK):
-        raise HkError(f"{d}: textfile directory is not writable by this user")
+        raise HkError(f"{d}: textfile directory is not writable (permissions, or a read-only file system)")
 
 
 def profile_sha256(profile) -> str:
