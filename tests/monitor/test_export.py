@@ -1,0 +1,188 @@
+"""hkgpu-tune export: one textfile (verify + collectors), checked with prometheus_client's parser
+(and promtool where installed); bad directories; a collector that fails."""
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from hkgpu_tune import export as X
+from hkgpu_tune.collect import Sources
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, REPO)
+from tests.fixtures.monitor import replay_host as R  # noqa: E402
+
+# every name of notes' metric contract that the replayed host (no probes) must carry
+NAMES = """hkgpu_tune_setting_status hkgpu_tune_failures hkgpu_tune_last_run_timestamp_seconds
+hkgpu_tune_run_duration_seconds hkgpu_tune_info hkgpu_tune_collector_up hkgpu_tune_collector_duration_seconds
+hkgpu_tune_nic_dropped_total hkgpu_tune_nic_errors_total hkgpu_tune_nic_queue_dropped_total
+hkgpu_tune_tcp_retransmitted_segments_total hkgpu_tune_tcp_sent_segments_total
+hkgpu_tune_gpu_utilization_ratio hkgpu_tune_gpu_memory_used_bytes hkgpu_tune_gpu_memory_total_bytes
+hkgpu_tune_gpu_temperature_celsius hkgpu_tune_gpu_power_watts hkgpu_tune_gpu_throttle
+hkgpu_tune_gpu_ecc_errors_total hkgpu_tune_gpu_remapped_rows hkgpu_tune_gpu_pcie_link_gen
+hkgpu_tune_gpu_pcie_link_width hkgpu_tune_xid_events hkgpu_tune_kernel_events""".split()
+
+
+def samples(text):
+    """(name, labels) -> value, through prometheus_client's own parser; duplicates fail."""
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            key = (s.name, tuple(sorted(s.labels.items())))
+            assert key not in out, f"duplicate series {key}"
+            out[key] = s.value
+    return out
+
+
+def names(smp):
+    return {n for n, _ in smp}
+
+
+@pytest.fixture
+def replayed(tmp_path):
+    return R.host(str(tmp_path / "state"))
+
+
+def test_replayed_host_textfile(tmp_path, replayed):
+    prof, eng, src = replayed
+    rep = X.export(prof, str(tmp_path), engine=eng, sources=src)
+    text = open(tmp_path / "hkgpu-tune.prom").read()
+    assert text == rep.text and rep.path == str(tmp_path / "hkgpu-tune.prom")
+    smp = samples(text)
+    # prometheus_client strips _total from a counter family's name; its sample keeps it
+    missing = [n for n in NAMES if n not in names(smp)]
+    assert not missing
+    assert len(smp) == rep.series and rep.series < 2000
+    assert all(v == 1 for (n, lab), v in smp.items() if n == "hkgpu_tune_collector_up")
+    assert smp[("hkgpu_tune_failures", ())] == 1           # wmem_max below the profile (replayed drift)
+    assert smp[("hkgpu_tune_nic_queue_dropped_total", (("device", "ens9f0np0"), ("queue", "tx-63")))] == 126
+    assert smp[("hkgpu_tune_xid_events", (("gpu", "4"), ("xid", "48")))] == 2
+    assert smp[("hkgpu_tune_gpu_memory_total_bytes", (("gpu", "7"), ("uuid", "GPU-00000000-0000-0000-0000-000000000007")))] == 80 * 1024 ** 3
+    qd = [lab for (n, lab), v in smp.items() if n == "hkgpu_tune_setting_status" and dict(lab)["subsystem"] == "qdisc"
+          and dict(lab)["status"] == "ok" and v == 1]
+    assert len(qd) == 2 * (R.QUEUES + 1)                   # root and every queue of both ports
+
+
+def test_a_failing_collector_is_down_and_the_rest_still_exported(tmp_path, replayed):
+    prof, eng, src = replayed
+
+    class Broken(R.ReplayNic):
+        def ethtool_stats(self, dev):
+            raise OSError("ethtool: Operation not supported")
+
+    src.nic = Broken()
+    rep = X.export(prof, str(tmp_path), engine=eng, sources=src)
+    smp = samples(open(tmp_path / "hkgpu-tune.prom").read())
+    assert smp[("hkgpu_tune_collector_up", (("collector", "nic"),))] == 0
+    assert smp[("hkgpu_tune_collector_up", (("collector", "gpu"),))] == 1
+    assert "hkgpu_tune_nic_dropped_total" not in names(smp)
+    assert {"hkgpu_tune_gpu_power_watts", "hkgpu_tune_setting_status", "hkgpu_tune_tcp_sent_segments_total"} <= names(smp)
+    assert rep.down == ["nic"] and "Operation not supported" in rep.collectors[1].error
+
+
+def test_verify_failing_is_a_down_collector_not_a_crash(tmp_path, replayed):
+    from hkgpu_tune.errors import HkError
+    prof, eng, src = replayed
+
+    def boom():
+        raise HkError("state directory unreadable")
+    eng.verify = boom
+    smp = samples(X.export(prof, str(tmp_path), engine=eng, sources=src).text)
+    assert smp[("hkgpu_tune_collector_up", (("collector", "verify"),))] == 0
+    assert "hkgpu_tune_setting_status" not in names(smp) and "hkgpu_tune_gpu_throttle" in names(smp)
+
+
+@pytest.mark.skipif(not shutil.which("promtool"), reason="needs promtool (Debian's prometheus, scripts/apt-packages.txt)")
+def test_promtool_accepts_the_textfile(tmp_path, replayed):
+    prof, eng, src = replayed
+    rep = X.export(prof, str(tmp_path), engine=eng, sources=src)
+    p = subprocess.run(["promtool", "check", "metrics"], input=rep.text, capture_output=True, text=True)
+    # promtool also lints names (units, _total on counters): nothing to say is the bar
+    assert p.returncode == 0 and not (p.stdout + p.stderr).strip(), p.stdout + p.stderr
+
+
+# ---- the command as a whole process
+
+PROFILE = "name: exp-test\nsysctl:\n  net.ipv4.tcp_mtu_probing: 1\n"
+
+
+def cli(*args, **kw):
+    return subprocess.run([sys.executable, "-m", "hkgpu_tune", "export", *args], capture_output=True, text=True,
+                          cwd=REPO, timeout=60, **kw)
+
+
+@pytest.fixture
+def prof_file(tmp_path):
+    p = tmp_path / "p.yaml"
+    p.write_text(PROFILE)
+    return str(p)
+
+
+def test_cli_writes_the_file_and_reports_json(tmp_path, prof_file):
+    d = tmp_path / "tf"
+    d.mkdir()
+    r = cli("--textfile-dir", str(d), "--profile", prof_file, "--json", "--state-dir", str(tmp_path / "st"))
+    assert r.returncode in (0, 2), r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["command"] == "export" and doc["path"] == str(d / "hkgpu-tune.prom")
+    assert {c["collector"] for c in doc["collectors"]} == {"verify", "nic", "tcp", "gpu", "kmsg"}
+    smp = samples((d / "hkgpu-tune.prom").read_text())
+    info = [dict(lab) for (n, lab), v in smp.items() if n == "hkgpu_tune_info"][0]
+    assert info["profile"] == "exp-test"
+    assert info["profile_sha256"] == hashlib.sha256(PROFILE.encode()).hexdigest()
+    assert os.listdir(d) == ["hkgpu-tune.prom"]          # no temporary file left
+    assert r.returncode == (2 if doc["failures"] or any(not c["up"] for c in doc["collectors"]) else 0)
+
+
+def test_env_names_the_directory(tmp_path, prof_file):
+    d = tmp_path / "envdir"
+    d.mkdir()
+    r = cli("--profile", prof_file, env={**os.environ, "HKGPU_TUNE_TEXTFILE_DIR": str(d)})
+    assert r.returncode in (0, 2), r.stderr
+    assert (d / "hkgpu-tune.prom").exists()
+
+
+def one_error_line(r):
+    err = r.stderr.strip().splitlines()
+    return r.returncode == 1 and len(err) == 1 and err[0].startswith("hkgpu-tune: error: ") and "Traceback" not in r.stderr
+
+
+def test_missing_directory_is_one_error(tmp_path, prof_file):
+    r = cli("--textfile-dir", str(tmp_path / "nope"), "--profile", prof_file)
+    assert one_error_line(r) and "does not exist" in r.stderr and str(tmp_path / "nope") in r.stderr
+
+
+def test_a_file_instead_of_a_directory_is_one_error(tmp_path, prof_file):
+    f = tmp_path / "file"
+    f.write_text("x")
+    r = cli("--textfile-dir", str(f), "--profile", prof_file)
+    assert one_error_line(r) and "not a directory" in r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
+                    reason="needs root and unshare (a read-only bind mount in a mount namespace of its own)")
+def test_unwritable_directory_is_one_error_and_the_previous_file_stays(tmp_path, prof_file):
+    d = tmp_path / "ro"
+    d.mkdir()
+    (d / "hkgpu-tune.prom").write_text("hkgpu_tune_failures 7\n")
+    cmd = (f"mount --bind -o ro {d} {d} && exec {sys.executable} -m hkgpu_tune export "
+           f"--textfile-dir {d} --profile {prof_file}")
+    r = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert one_error_line(r) and "not writable" in r.stderr
+    assert (d / "hkgpu-tune.prom").read_text() == "hkgpu_tune_failures 7\n" and os.listdir(d) == ["hkgpu-tune.prom"]
+
+
+def test_a_link_at_the_file_name_is_refused_and_left_alone(tmp_path, prof_file):
+    d = tmp_path / "tf"
+    d.mkdir()
+    target = tmp_path / "elsewhere"
+    target.write_text("keep\n")
+    os.symlink(target, d / "hkgpu-tune.prom")
+    r = cli("--textfile-dir", str(d), "--profile", prof_file)
+    assert one_error_line(r) and "link" in r.stderr
+    assert target.read_text() == "keep\n" and os.path.islink(d / "hkgpu-tune.prom")
