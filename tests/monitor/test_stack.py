@@ -1,0 +1,347 @@
+"""The monitoring stack for real, on 127.0.0.1: Debian's Prometheus (1 s scrapes, the repo's example
+config and rules) scrapes Debian's node_exporter (textfile collector on a file written by the real
+export, GPUs replayed from the recorded H200, probes over a veth pair in the test's own network
+namespaces) and the CPU tritonserver after real inference requests. Every query of every dashboard
+panel, with its variables resolved through Prometheus, must answer with at least one series; every
+rule must evaluate without error; the replayed XID must fire its alert and a healthy node nothing else."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+
+import psutil
+import pytest
+import yaml
+
+from tests.triton.conftest import HAVE_PYTRITON, dump, free_ports, profile_dict
+
+REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+MON = os.path.join(REPO, "monitoring")
+H200 = os.path.join(REPO, "tests", "fixtures", "gpu", "h200-health.json")
+BUDGET_S = 90
+NS_NODE, NS_PEER = "hkmon-node", "hkmon-peer"
+BINS = {b: shutil.which(b) for b in ("prometheus", "prometheus-node-exporter", "promtool", "ip", "ping")}
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root (network namespaces for the probes)"),
+    pytest.mark.skipif(not all(BINS.values()),
+                       reason="needs " + ", ".join(b for b, p in BINS.items() if not p) + " (scripts/apt-packages.txt)"),
+    pytest.mark.skipif(not HAVE_PYTRITON, reason="needs the nvidia-pytriton wheel (its tritonserver)"),
+]
+
+PROFILE = """\
+name: monitor-stack
+network:
+  interfaces:
+    - match: {name: hkmon0}
+      mtu: 9000
+  fabric_peers: [198.18.0.2]
+  wan_peers:
+    - {address: 198.18.0.3, name: wan-test, rtt_ms: 40}
+"""
+# the export as `hkgpu-tune export --probes` runs it, with its documented sources swapped for
+# recordings: NVML replayed from the H200, a kernel log with an XID and a link flap, and the NIC
+# collector told to read the test's veth (it reads only PCI/virtio devices by itself)
+EXPORT = """\
+import sys
+from hkgpu_tune import collect, export
+from hkgpu_tune.backends.nvml import ReplayNvml
+from hkgpu_tune.collect import nic
+from hkgpu_tune.profile import load_profile
+
+class Veth(nic.SysNic):
+    def devices(self):
+        return ["hkmon0"]
+
+prof, outdir, replay = sys.argv[1:4]
+src = collect.Sources(nvml=ReplayNvml(replay), nic=Veth(), probe_count=3, probe_deadline_s=3,
+                      kmsg_lines=["[   12.500000] NVRM: Xid (PCI:0000:00:06): 13, pid=4242, name=python3, Graphics Exception",
+                                  "[   30.000000] mlx5_core 0000:17:00.0 ens1f0np0: Link down"])
+rep = export.export(load_profile(prof), outdir, probes=True, sources=src)
+down = [(c.collector, c.error) for c in rep.collectors if not c.up]
+assert not down, down
+print(rep.path, rep.series)
+"""
+
+
+def sh(*argv, check=True):
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    if check and p.returncode != 0:
+        raise AssertionError(f"{' '.join(argv)}: {p.stderr.strip()}")
+    return p
+
+
+def get(port, path, **params):
+    url = f"http://127.0.0.1:{port}{path}" + ("?" + urllib.parse.urlencode(params, doseq=True) if params else "")
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.load(r)
+
+
+def query(port, expr):
+    """Prometheus instant query: (status, result list or error text)."""
+    try:
+        d = get(port, "/api/v1/query", query=expr)
+    except urllib.error.HTTPError as e:
+        d = json.load(e)
+    return d["status"], d.get("data", {}).get("result", d.get("error"))
+
+
+def wait_http(port, path, deadline):
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise AssertionError(f"127.0.0.1:{port}{path} did not answer in time")
+
+
+def start(argv, log):
+    return subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop(proc):
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+
+
+def netns_up():
+    for ns in (NS_NODE, NS_PEER):
+        sh("ip", "netns", "del", ns, check=False)
+        sh("ip", "netns", "add", ns)
+    sh("ip", "-n", NS_NODE, "link", "add", "hkmon0", "type", "veth", "peer", "name", "hkmon1", "netns", NS_PEER)
+    sh("ip", "-n", NS_NODE, "link", "set", "hkmon0", "mtu", "9000", "up")
+    sh("ip", "-n", NS_PEER, "link", "set", "hkmon1", "mtu", "9000", "up")
+    sh("ip", "-n", NS_NODE, "addr", "add", "198.18.0.1/29", "dev", "hkmon0")
+    for a in ("198.18.0.2/29", "198.18.0.3/29"):
+        sh("ip", "-n", NS_PEER, "addr", "add", a, "dev", "hkmon1")
+    for ns in (NS_NODE, NS_PEER):
+        sh("ip", "-n", ns, "link", "set", "lo", "up")
+
+
+def ours(root) -> list:
+    out = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and str(root) in " ".join(p.info["cmdline"] or []):
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    from hkgpu_tune.profile import load_profile
+    from hkgpu_tune.triton import gate, launch, render
+
+    t0 = time.monotonic()
+    root = tmp_path_factory.mktemp("monstack")
+    procs, logs, t = [], [], None
+    try:
+        # the node's textfile, from the real export in the test's namespace
+        netns_up()
+        textdir = root / "textfile"
+        textdir.mkdir()
+        (root / "node.yaml").write_text(PROFILE)
+        env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        p = subprocess.run(["ip", "netns", "exec", NS_NODE, sys.executable, "-c", EXPORT, str(root / "node.yaml"),
+                            str(textdir), H200], capture_output=True, text=True, timeout=30, env=env)
+        assert p.returncode == 0, p.stderr
+        prom_text = (textdir / "hkgpu-tune.prom").read_text()
+
+        # Triton on the CPU with the doubler model, after real requests
+        ports = free_ports(6)
+        doc = profile_dict(root, ports[:3])
+        (root / "triton.yaml").write_text(dump(doc))
+        t = load_profile(str(root / "triton.yaml")).section("triton")
+        render.write_repository(t)
+        launch.start(t)
+        launch.wait_ready(t)
+        load = gate.load(t, t.models[0], requests=96, concurrency=8)
+        assert load.errors == 0
+
+        # node_exporter and Prometheus on free loopback ports
+        ne_port, prom_port = ports[3], ports[4]
+        log = open(root / "node_exporter.log", "w")
+        logs.append(log)
+        procs.append(start([BINS["prometheus-node-exporter"], f"--web.listen-address=127.0.0.1:{ne_port}",
+                            f"--collector.textfile.directory={textdir}", "--collector.disable-defaults",
+                            "--collector.textfile", "--collector.cpu", "--collector.meminfo",
+                            "--collector.loadavg", "--collector.netdev"], log))
+        conf = root / "prometheus"
+        shutil.copytree(os.path.join(MON, "prometheus"), conf, ignore=shutil.ignore_patterns("tests", "targets"))
+        cfg = yaml.safe_load((conf / "prometheus.yml").read_text())
+        cfg["global"].update(scrape_interval="1s", evaluation_interval="1s")
+        (conf / "prometheus.yml").write_text(yaml.safe_dump(cfg))
+        (conf / "targets").mkdir()
+        labels = {"site": "hk_test", "rack": "rack_test_a01", "node": "test-n01"}
+        (conf / "targets" / "node-rack_test_a01.yml").write_text(
+            yaml.safe_dump([{"targets": [f"127.0.0.1:{ne_port}"], "labels": labels}]))
+        (conf / "targets" / "triton-rack_test_a01.yml").write_text(
+            yaml.safe_dump([{"targets": [f"127.0.0.1:{t.metrics.port}"], "labels": labels}]))
+        check = sh(BINS["promtool"], "check", "config", str(conf / "prometheus.yml"), check=False)
+        log = open(root / "prometheus.log", "w")
+        logs.append(log)
+        procs.append(start([BINS["prometheus"], f"--config.file={conf / 'prometheus.yml'}",
+                            f"--storage.tsdb.path={root / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}"], log))
+        deadline = t0 + 60
+        wait_http(ne_port, "/metrics", deadline)
+        wait_http(prom_port, "/-/ready", deadline)
+        yield {"port": prom_port, "ne_port": ne_port, "t": t, "root": root, "check": check, "text": prom_text,
+               "t0": t0, "deadline": t0 + BUDGET_S - 10}
+    finally:
+        for proc in procs:
+            stop(proc)
+        if t is not None:
+            launch.stop(t)
+        for f in logs:
+            f.close()
+        for ns in (NS_NODE, NS_PEER):
+            sh("ip", "netns", "del", ns, check=False)
+    left = ours(root)
+    assert not left, f"processes left behind: {[p.pid for p in left]}"
+    assert not any(ns in sh("ip", "netns", "list").stdout for ns in (NS_NODE, NS_PEER))
+    assert time.monotonic() - t0 < BUDGET_S, f"the stack test took {time.monotonic() - t0:.0f} s"
+
+
+# ---------------------------------------------------------------- the dashboard
+def dashboard():
+    with open(os.path.join(MON, "grafana", "hkgpu-tune.json")) as f:
+        return json.load(f)
+
+
+def panel_queries(d):
+    for p in d["panels"]:
+        for tgt in p.get("targets", []):
+            yield p["title"], tgt["refId"], tgt["expr"]
+        for sub in p.get("panels", []):     # collapsed rows keep their panels inside
+            for tgt in sub.get("targets", []):
+                yield sub["title"], tgt["refId"], tgt["expr"]
+
+
+GRAFANA_VARS = {"$__rate_interval": "1m", "$__interval": "15s", "$__range": "1h"}
+LABEL_VALUES = re.compile(r"label_values\((.*),\s*(\w+)\)\s*$")
+
+
+def substitute(expr, values):
+    for k, v in GRAFANA_VARS.items():
+        expr = expr.replace(k, v)
+    for k in sorted(values, key=len, reverse=True):
+        expr = expr.replace(f"${k}", values[k])
+    return expr
+
+
+def resolve_variables(port, d, deadline) -> dict:
+    """Each query variable's label_values(), asked of Prometheus in order: the first value it has."""
+    values = {}
+    for v in d["templating"]["list"]:
+        if v["type"] != "query":
+            continue
+        q = v["query"]["query"] if isinstance(v["query"], dict) else v["query"]
+        m = LABEL_VALUES.match(q)
+        assert m, f"variable {v['name']}: {q} is not label_values(selector, label)"
+        sel, lab = substitute(m.group(1), values), m.group(2)
+        while True:
+            status, res = query(port, f"group by ({lab}) ({sel})")
+            assert status == "success", f"variable {v['name']}: {res}"
+            if res or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert res, f"variable {v['name']}: {q} has no values"
+        values[v["name"]] = sorted(r["metric"][lab] for r in res)[0]
+    return values
+
+
+def test_promtool_checks_the_config_and_rules(stack):
+    c = stack["check"]
+    assert c.returncode == 0, c.stdout + c.stderr
+    assert "SUCCESS: 5 rule files found" in c.stdout and c.stdout.count("SUCCESS") >= 7
+    ex = sh(BINS["promtool"], "check", "config", os.path.join(MON, "prometheus", "prometheus.yml"), check=False)
+    assert ex.returncode == 0, ex.stdout + ex.stderr
+    rules = sorted(os.path.join(MON, "prometheus", "rules", f) for f in os.listdir(os.path.join(MON, "prometheus", "rules")))
+    r = sh(BINS["promtool"], "check", "rules", *rules, check=False)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_every_panel_query_answers_with_series(stack):
+    port, d = stack["port"], dashboard()
+    values = resolve_variables(port, d, stack["deadline"])
+    assert values["node"] == "test-n01" and values["model"] == "doubler"
+    queries = [(title, ref, substitute(e, values)) for title, ref, e in panel_queries(d)]
+    assert len(queries) >= 40
+    for e in (e for _, _, e in queries):
+        assert "$" not in e, e
+    pending = list(queries)
+    while True:     # the first scrapes and rule evaluations land within seconds; wait for them, bounded
+        bad = []
+        for title, ref, e in pending:
+            status, res = query(port, e)
+            if status != "success":
+                bad.append((title, ref, e, res))
+            elif not res:
+                bad.append((title, ref, e, "no series"))
+        errors = [b for b in bad if b[3] != "no series"]
+        assert not errors, "queries that error:\n" + "\n".join(map(str, errors))
+        pending = [b[:3] for b in bad]
+        if not pending or time.monotonic() > stack["deadline"]:
+            break
+        time.sleep(1)
+    assert not pending, "panel queries without series:\n" + "\n".join(f"{t} [{r}]: {e}" for t, r, e in pending)
+
+
+def test_rules_evaluate_and_only_the_replayed_xid_fires(stack):
+    port = stack["port"]
+    while True:
+        groups = get(port, "/api/v1/rules")["data"]["groups"]
+        rules = [r for g in groups for r in g["rules"]]
+        alerts = get(port, "/api/v1/alerts")["data"]["alerts"]
+        fired = {a["labels"]["alertname"] for a in alerts if a["state"] == "firing"}
+        if ("HkgpuGpuXid" in fired and all(
+                not r.get("lastEvaluation", "0001").startswith("0001") for r in rules)) \
+                or time.monotonic() > stack["deadline"]:
+            break
+        time.sleep(1)
+    assert {g["name"] for g in groups} == {"hkgpu-thresholds", "hkgpu-node", "hkgpu-serving", "hkgpu-gpu", "hkgpu-network"}
+    assert len(rules) == 40
+    assert [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"] == []
+    xid = [a for a in alerts if a["labels"]["alertname"] == "HkgpuGpuXid"]
+    assert [(a["labels"]["xid"], a["labels"]["gpu"], a["labels"]["node"], a["state"]) for a in xid] == \
+        [("13", "0", "test-n01", "firing")]
+    # a healthy, freshly exported node with a served model: nothing else
+    assert fired == {"HkgpuGpuXid"}, fired
+
+
+def test_every_metric_the_rules_and_dashboard_name_is_exported(stack):
+    """A renamed series in the export or Triton would leave an alert silent: every hkgpu_tune_*, nv_*
+    and node_* name the rules and the dashboard use is in Prometheus, but for these, which this
+    stack cannot have."""
+    absent_here = {
+        "hkgpu_tune_health_status": "written by `hkgpu-tune health`, not by the export",
+        "hkgpu_tune_peer_jitter_threshold_seconds": "the profile has no jitter threshold key yet",
+        "nv_gpu_utilization": "Triton's GPU metrics: no GPU here",
+    }
+    names = set(get(stack["port"], "/api/v1/label/__name__/values")["data"])
+    exprs = [e for _, _, e in panel_queries(dashboard())]
+    for f in sorted(os.listdir(os.path.join(MON, "prometheus", "rules"))):
+        with open(os.path.join(MON, "prometheus", "rules", f)) as fh:
+            exprs += [r["expr"] for g in yaml.safe_load(fh)["groups"] for r in g["rules"]]
+    used = set(re.findall(r"\b((?:hkgpu_tune|nv|node)_[A-Za-z0-9_]+)", "\n".join(exprs)))
+    assert len(used) > 30
+    missing = used - names - set(absent_here)
+    assert missing == set(), f"named by rules or dashboard, not exported: {sorted(missing)}"
