@@ -65,3 +65,50 @@ def test_role_writes_the_timer_and_env_and_enables_the_timer():
     with open(os.path.join(ROLE, "tasks", "main.yml")) as f:
         tasks = f.read()
     assert "timers.target.wants" in tasks and "systemctl restart {{ __hkgpu_verify_timer_name | quote }}" in tasks
+
+
+def test_role_tasks_write_once_then_change_nothing(tmp_path):
+    """The role's own tasks (checksum, write, enable) run by ansible-playbook on this host with
+    every path under tmp_path: the first run writes service, timer, env and links; the second
+    changes nothing; a changed interval rewrites the timer only."""
+    import shutil
+    import subprocess
+    import pytest
+    if not shutil.which("ansible-playbook"):
+        pytest.skip("needs ansible-playbook (pip install -e .[test])")
+    os.symlink(os.path.join(ROLE, "templates"), tmp_path / "templates")
+    units, tf = tmp_path / "units", tmp_path / "textfile"
+    (tmp_path / "play.yml").write_text(f"""
+- hosts: localhost
+  connection: local
+  gather_facts: false
+  vars_files:
+    - {REPO}/roles/hkgpu/defaults/main.yml
+    - {ROLE}/defaults/main.yml
+    - {ROLE}/vars/main.yml
+  tasks:
+    - ansible.builtin.import_tasks: {ROLE}/tasks/main.yml
+""")
+
+    def play(**extra):
+        ev = {"hkgpu_verify_unit_dir": str(units), "hkgpu_verify_textfile_dir": str(tf),
+              "__hkgpu_verify_env_path": str(tmp_path / "etc" / "export.env"), **extra}
+        import json as _j
+        r = subprocess.run(["ansible-playbook", "-i", "localhost,", str(tmp_path / "play.yml"), "-e", _j.dumps(ev)],
+                           capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                           env={**os.environ, "ANSIBLE_PYTHON_INTERPRETER": sys.executable,
+                                "ANSIBLE_COLLECTIONS_PATH": os.path.join(REPO, "collections"),
+                                "ANSIBLE_NOCOLOR": "1", "ANSIBLE_LOCALHOST_WARNING": "0"})
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+        return int(re.search(r"changed=(\d+)", r.stdout).group(1))
+
+    import sys
+    assert play() == 2      # the files (one loop task) and the enable task
+    assert (units / "hkgpu-tune-verify.timer").exists() and tf.is_dir()
+    assert os.readlink(units / "timers.target.wants" / "hkgpu-tune-verify.timer") == str(units / "hkgpu-tune-verify.timer")
+    assert "HKGPU_TUNE_TEXTFILE_DIR=" + str(tf) in (tmp_path / "etc" / "export.env").read_text()
+    assert play() == 0
+    service = (units / "hkgpu-tune-verify.service").stat().st_mtime_ns
+    assert play(hkgpu_verify_interval="1min") == 2
+    assert "OnUnitActiveSec=1min" in (units / "hkgpu-tune-verify.timer").read_text()
+    assert (units / "hkgpu-tune-verify.service").stat().st_mtime_ns == service
