@@ -4,7 +4,12 @@ to REPO/NAME/VERSION/model.py); the benches import TorchEngine from here for the
 
 Config parameters (strings, set by the profile's `build:`): torchvision (e.g. resnet50), fp16,
 channels_last, cuda_graphs, graph_batches ("1,2,4,..."), image_size. Random weights: the model's
-cost is the point, nothing is downloaded.
+cost is the point, nothing is downloaded. More, from the model's `config: {parameters: ...}`
+(checked by engine_options): fold_bn (batch norm folded into the convolutions, eval only),
+compile (torch.compile with inductor, one compile for every batch size, then the CUDA graphs),
+compile_cache_dir (inductor's cache, so a restart compiles from it; default: inductor-cache in the
+model's directory), compile_budget_s (a compile slower than this is logged as over the budget).
+A UINT8 input (pixels as a front end decodes them) is scaled to the engine's dtype on the GPU.
 
 >>> eng = TorchEngine("resnet50", batches=[1, 8, 32], device="cuda:0")   # doctest: +SKIP
 >>> eng.run(np.zeros((5, 3, 224, 224), np.float16)).shape                 # doctest: +SKIP
@@ -35,13 +40,89 @@ def graph_batches(max_batch: int, preferred=()) -> list[int]:
     return sorted(sizes)
 
 
+TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+INPUT_TYPES = {"FP16": np.float16, "FP32": np.float32, "UINT8": np.uint8}
+# measured on an H200 (issue 11): max-autotune took about 4 minutes for ResNet-50 at one batch size
+AUTOTUNE_MIN_BUDGET_S = 300
+
+
+def engine_options(params: dict, input_type: str = "FP16") -> dict:
+    """The engine's settings from the model config's parameters (strings); ValueError naming the
+    parameter for a value it cannot use."""
+    def flag(key, default):
+        v = str(params.get(key, default)).strip().lower()
+        if v in TRUE:
+            return True
+        if v in FALSE:
+            return False
+        raise ValueError(f"parameter {key}: {v!r} is not true or false")
+
+    def number(key, default, lo, hi):
+        v = str(params.get(key, default)).strip()
+        try:
+            x = float(v)
+        except ValueError:
+            raise ValueError(f"parameter {key}: {v!r} is not a number") from None
+        if not lo <= x <= hi:
+            raise ValueError(f"parameter {key}: {v} is outside {lo:g}..{hi:g}")
+        return x
+
+    itype = str(input_type).removeprefix("TYPE_")
+    if itype not in INPUT_TYPES:
+        raise ValueError(f"input data_type {itype}: the torch engine takes {', '.join(INPUT_TYPES)}")
+    sync = str(params.get("sync", "blocking")).strip()
+    if sync not in ("blocking", "spin"):
+        raise ValueError(f"parameter sync: {sync!r} is not blocking or spin")
+    mode = str(params.get("compile_mode", "default")).strip()
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"parameter compile_mode: {mode!r} is not one of {', '.join(COMPILE_MODES)}")
+    opts = {"fp16": flag("fp16", "true"), "channels_last": flag("channels_last", "true"),
+            "cuda_graphs": flag("cuda_graphs", "true"), "fold_bn": flag("fold_bn", "false"),
+            "compile": flag("compile", "false"), "compile_mode": mode,
+            "compile_budget_s": number("compile_budget_s", 60, 1, 3600),
+            "compile_cache_dir": str(params.get("compile_cache_dir", "")).strip() or None,
+            "image_size": int(number("image_size", 224, 16, 4096)), "input_type": itype, "sync": sync}
+    if opts["compile_cache_dir"] and not os.path.isabs(opts["compile_cache_dir"]):
+        raise ValueError(f"parameter compile_cache_dir: {opts['compile_cache_dir']!r} is not an absolute path")
+    if opts["compile"] and mode.startswith("max-autotune") and opts["compile_budget_s"] < AUTOTUNE_MIN_BUDGET_S:
+        raise ValueError(f"parameter compile_mode: {mode} took about 4 minutes for ResNet-50 on an H200; give "
+                         f"compile_budget_s of {AUTOTUNE_MIN_BUDGET_S} or more (and a ready timeout to match), "
+                         f"or compile_mode default")
+    if opts["compile"] and not opts["cuda_graphs"]:
+        raise ValueError("parameter compile: needs cuda_graphs true (the compiled model is replayed as CUDA graphs)")
+    return opts
+
+
+def private_dir(path: str) -> str:
+    """Create (0700) or accept a directory for inductor's cache, which holds code the engine loads:
+    refused when it is a link, not a directory, not this user's, or writable by others."""
+    import stat
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    st = os.lstat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        raise ValueError(f"compile cache {path}: not a directory (or a link)")
+    if st.st_uid != os.geteuid():
+        raise ValueError(f"compile cache {path}: owned by uid {st.st_uid}, not this user ({os.geteuid()})")
+    if st.st_mode & 0o022:
+        raise ValueError(f"compile cache {path}: writable by group or others (mode {st.st_mode & 0o777:o})")
+    return path
+
+
 class TorchEngine:
     """One model on one GPU: pinned host buffers allocated once, a CUDA stream of its own,
     and (cuda_graphs) one captured graph per batch size sharing one memory pool."""
 
     def __init__(self, name: str, batches, device: str = "cuda:0", fp16: bool = True,
                  channels_last: bool = True, cuda_graphs: bool = True, image_size: int = 224,
-                 num_classes: int = 1000):
+                 num_classes: int = 1000, fold_bn: bool = False, input_type: str = "FP16",
+                 compile: bool = False, compile_mode: str = "default", compile_cache_dir: str | None = None,
+                 compile_budget_s: float = 60, sync: str = "blocking", log=None):
+        if compile:
+            if compile_cache_dir:   # before inductor is imported: it reads these once
+                os.environ["TORCHINDUCTOR_CACHE_DIR"] = private_dir(compile_cache_dir)
+            os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
+            os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
         import torch
         import torchvision
         torch.backends.cudnn.benchmark = True
@@ -50,6 +131,8 @@ class TorchEngine:
         torch.cuda.set_device(self.device)
         self.dtype = torch.float16 if fp16 else torch.float32
         self.np_dtype = np.float16 if fp16 else np.float32
+        self.in_np_dtype = INPUT_TYPES[input_type]
+        self.in_dtype = {"FP16": torch.float16, "FP32": torch.float32, "UINT8": torch.uint8}[input_type]
         self.batches = sorted({int(b) for b in batches})
         self.max_batch = self.batches[-1]
         self.channels_last = channels_last
@@ -57,19 +140,42 @@ class TorchEngine:
         fn = getattr(torchvision.models, name, None)
         if fn is None:
             raise ValueError(f"torchvision has no model {name!r}")
-        model = fn(weights=None, num_classes=num_classes).eval().to(self.device, self.dtype)
+        model = fn(weights=None, num_classes=num_classes).eval()
+        if fold_bn:   # in fp32, before the cast: conv weights absorb the batch norm's scale and shift
+            from torch.fx.experimental.optimization import fuse
+            model = fuse(model)
+        model = model.to(self.device, self.dtype)
         if channels_last:
             model = model.to(memory_format=torch.channels_last)
         self.model = model
+        self.fwd = self._forward
         shape = (3, image_size, image_size)
+        if input_type == "UINT8":   # pixels 0..255 -> (x/255 - mean)/std, per channel, on the GPU
+            mean = torch.tensor([0.485, 0.456, 0.406], device=self.device).view(1, 3, 1, 1)
+            std = torch.tensor([0.229, 0.224, 0.225], device=self.device).view(1, 3, 1, 1)
+            self.scale = (1 / (255 * std)).to(self.dtype)
+            self.shift = (-mean / std).to(self.dtype)
         self.stream = torch.cuda.Stream(self.device)
-        self.host_in = torch.empty((self.max_batch, *shape), dtype=self.dtype).pin_memory()
+        # blocking: the thread sleeps until the batch is back (spin: it polls, a core each)
+        self.done = torch.cuda.Event(blocking=sync == "blocking")
+        self.host_in = torch.empty((self.max_batch, *shape), dtype=self.in_dtype).pin_memory()
         self.host_in_np = self.host_in.numpy()
-        self.dev_in = torch.zeros((self.max_batch, *shape), dtype=self.dtype, device=self.device)
+        self.dev_in = torch.zeros((self.max_batch, *shape), dtype=self.in_dtype, device=self.device)
         self.graphs, self.outs = {}, {}
+        self.compile_s = None
         t0 = time.monotonic()
         with torch.inference_mode():
-            out = self._forward(self.dev_in[:1])
+            if compile:
+                self.fwd = torch.compile(self._forward, mode=compile_mode)
+                x = self.dev_in[:self.max_batch]
+                torch._dynamo.mark_dynamic(x, 0, min=2, max=self.max_batch)
+                self.fwd(x)
+                torch.cuda.synchronize(self.device)
+                self.compile_s = time.monotonic() - t0
+                if log:
+                    log(f"torch.compile ({compile_mode}) in {self.compile_s:.1f} s"
+                        + (f": over the budget of {compile_budget_s:g} s" if self.compile_s > compile_budget_s else ""))
+            out = self.fwd(self.dev_in[:1])
             self.host_out = torch.empty((self.max_batch, *out.shape[1:]), dtype=out.dtype).pin_memory()
             self.host_out_np = self.host_out.numpy()
             if cuda_graphs:
@@ -78,8 +184,11 @@ class TorchEngine:
         self.capture_s = time.monotonic() - t0
 
     def _forward(self, x):
+        torch = self.torch
+        if self.in_dtype == torch.uint8:
+            x = torch.addcmul(self.shift, x.to(self.dtype), self.scale)
         if self.channels_last:
-            x = x.contiguous(memory_format=self.torch.channels_last)
+            x = x.contiguous(memory_format=torch.channels_last)
         return self.model(x)
 
     def _capture(self):
@@ -91,11 +200,11 @@ class TorchEngine:
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
                 for _ in range(3):         # cudnn picks its algorithms outside the capture
-                    self._forward(x)
+                    self.fwd(x)
             torch.cuda.current_stream(self.device).wait_stream(side)
             g = torch.cuda.CUDAGraph()
             with torch.cuda.graph(g, pool=pool, stream=side):
-                self.outs[b] = self._forward(x)
+                self.outs[b] = self.fwd(x)
             self.graphs[b] = g
 
     def bucket(self, n: int) -> int:
@@ -107,7 +216,7 @@ class TorchEngine:
     def run_device(self, n: int):
         """Run the first n rows of the device input buffer; returns the device output (n rows)."""
         if not self.cuda_graphs:
-            return self._forward(self.dev_in[:n])
+            return self.fwd(self.dev_in[:n])
         b = self.bucket(n)
         self.graphs[b].replay()
         return self.outs[b][:n]
@@ -124,8 +233,46 @@ class TorchEngine:
             self.dev_in[:n].copy_(self.host_in[:n], non_blocking=True)
             out = self.run_device(n)
             self.host_out[:n].copy_(out, non_blocking=True)
-        self.stream.synchronize()
+            self.done.record(self.stream)
+        self.done.synchronize()
         return self.host_out_np[:n]
+
+
+class Stats:
+    """Where execute() spends its time, per instance (HKGPU_ENGINE_STATS=DIR: one JSON file per
+    process there, rewritten every HKGPU_ENGINE_STATS_EVERY seconds, default 3). Off unless set."""
+
+    PHASES = ("inputs", "copy_in", "gpu", "responses")
+
+    def __init__(self, name: str):
+        d = os.environ.get("HKGPU_ENGINE_STATS", "")
+        self.path = os.path.join(d, f"{name}-{os.getpid()}.json") if d and os.path.isdir(d) else None
+        self.sums = dict.fromkeys(self.PHASES, 0.0)
+        self.execs = self.requests = 0
+        self.last = time.monotonic()
+        try:
+            self.every = float(os.environ.get("HKGPU_ENGINE_STATS_EVERY", "3"))
+        except ValueError:
+            self.every = 3.0
+
+    def add(self, requests: int, marks: list[float]) -> None:
+        self.execs += 1
+        self.requests += requests
+        for k, a, b in zip(self.PHASES, marks, marks[1:]):
+            self.sums[k] += b - a
+        if self.path and marks[-1] - self.last > self.every:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.path or not self.execs:
+            return
+        self.last = time.monotonic()
+        doc = {"execs": self.execs, "requests": self.requests, "avg_batch": round(self.requests / self.execs, 2),
+               "us_per_exec": {k: round(v / self.execs * 1e6, 1) for k, v in self.sums.items()},
+               "sums_s": self.sums}
+        fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f)
 
 
 class TritonPythonModel:
@@ -136,6 +283,9 @@ class TritonPythonModel:
         p = {k: v.get("string_value", "") for k, v in cfg.get("parameters", {}).items()}
         self.in_name = cfg["input"][0]["name"]
         self.out_name = cfg["output"][0]["name"]
+        opts = engine_options(p, cfg["input"][0].get("data_type", "TYPE_FP16"))
+        if opts["compile"] and not opts["compile_cache_dir"]:
+            opts["compile_cache_dir"] = os.path.join(args["model_repository"], "inductor-cache")
         max_batch = max(1, int(cfg.get("max_batch_size", 1)))
         preferred = cfg.get("dynamic_batching", {}).get("preferred_batch_size", [])
         sizes = [int(s) for s in p.get("graph_batches", "").split(",") if s.strip()]
@@ -145,35 +295,42 @@ class TritonPythonModel:
         gpu = int(args.get("model_instance_device_id") or 0)
         if args.get("model_instance_kind") == "CPU":
             gpu = 0   # a CPU instance still drives the first visible GPU
+        name = args.get("model_instance_name")
         self.engine = TorchEngine(p.get("torchvision", "resnet50"), sizes, device=f"cuda:{gpu}",
-                                  fp16=p.get("fp16", "true") == "true",
-                                  channels_last=p.get("channels_last", "true") == "true",
-                                  cuda_graphs=p.get("cuda_graphs", "true") == "true",
-                                  image_size=int(p.get("image_size", "224") or 224))
-        pb_utils.Logger.log_info(f"{args.get('model_instance_name')}: torch engine on cuda:{gpu}, "
-                                 f"graphs for batches {sizes} captured in {self.engine.capture_s:.1f} s, "
+                                  log=lambda m: pb_utils.Logger.log_info(f"{name}: {m}"), **opts)
+        self.stats = Stats(str(name).replace("/", "_"))
+        on = [k for k in ("fp16", "channels_last", "cuda_graphs", "fold_bn", "compile") if opts[k]]
+        pb_utils.Logger.log_info(f"{name}: torch engine on cuda:{gpu} ({', '.join(on)}, input {opts['input_type']}), "
+                                 f"graphs for batches {sizes} ready in {self.engine.capture_s:.1f} s, "
                                  f"pid {os.getpid()}")
 
     def execute(self, requests):
         eng = self.engine
+        t0 = time.perf_counter()
         arrs = [pb_utils.get_input_tensor_by_name(r, self.in_name).as_numpy() for r in requests]
         counts = [a.shape[0] for a in arrs]
         total = sum(counts)
+        t1 = time.perf_counter()
         if total <= eng.max_batch:   # the batcher's case: one copy into the pinned buffer
             np.concatenate(arrs, axis=0, out=eng.host_in_np[:total])
-            out = eng.run_pinned(total).copy()
+            t2 = time.perf_counter()
+            out = eng.run_pinned(total)   # a view of the pinned output: the responses copy it
         else:                        # more rows than the largest graph: run it in slices
+            t2 = t1
             flat = np.concatenate(arrs, axis=0)
             out = np.empty((total, *eng.host_out_np.shape[1:]), dtype=eng.host_out_np.dtype)
             for s in range(0, total, eng.max_batch):
                 n = min(eng.max_batch, total - s)
                 eng.host_in_np[:n] = flat[s:s + n]
                 out[s:s + n] = eng.run_pinned(n)
+        t3 = time.perf_counter()
         responses, pos = [], 0
         for c in counts:
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(self.out_name, out[pos:pos + c])]))
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(self.out_name, out[pos:pos + c].copy())]))
             pos += c
+        self.stats.add(len(requests), [t0, t1, t2, t3, time.perf_counter()])
         return responses
 
     def finalize(self):
+        self.stats.flush()
         self.engine = None

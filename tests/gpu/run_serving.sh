@@ -3,7 +3,8 @@
 #   device tool: run(kind="nvidia-h200", carry=[".whl"], command="bash tests/gpu/run_serving.sh quick|full")
 # .whl/ holds the wheels the GPU machine lacks: nvidia-pytriton 0.7.0, tritonclient 2.73.0,
 # python-rapidjson, pyroute2 (tests/gpu/RESULTS-multi.md says how they were downloaded).
-# quick: a short bench into $OUT/quick plus tests/gpu/test_serving.py; full: the bench for docs/perf.
+# quick: a short bench into $OUT/quick plus tests/gpu/test_serving.py; full: the bench for docs/perf;
+# diag: bench/serve_diag.py (engine variants in-process, then serving variants with execute()'s phases).
 MODE=${1:-full}
 OUT=${OUT:-/tmp/hkgpu-out}; mkdir -p "$OUT"
 exec > >(tee "$OUT/run.log") 2>&1
@@ -19,7 +20,9 @@ date -u; nvidia-smi -L; nproc; df -h /dev/shm | tail -1
 ps -eo pid,args | grep -i '[n]vidia-cuda-mps' || echo NO-MPS-AT-START
 python3 -m pip install -q --no-deps --no-index --no-compile .whl/*.whl 2>&1 | tail -2
 python3 -c 'import importlib.util as u, tritonclient.grpc, aiohttp, torch, matplotlib; assert u.find_spec("pytriton"); print("deps ok", torch.__version__)'
-if [ "$MODE" = quick ]; then
+if [ "$MODE" = diag ]; then
+  timeout 570 python3 bench/serve_diag.py --out "$OUT" "${@:2}"; echo "diag rc=$?"
+elif [ "$MODE" = quick ]; then
   timeout 300 python3 bench/serve_h200.py --quick --out "$OUT"; echo "bench rc=$?"
   timeout 240 python3 -m pytest -m gpu tests/gpu/test_serving.py -v -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest.txt"
 else
