@@ -1,20 +1,31 @@
-"""testinfra checks of tuned hosts: one test per setting per host.
+"""testinfra checks of tuned hosts: one test per setting per host, independent of hkgpu-tune.
 
-    pytest tests/infra --hosts=ansible://all --ansible-inventory=inventory/hk -l ... 
+    pytest tests/infra --hosts=ansible://all --ansible-inventory=inventory/hk
+    ip netns exec NODE pytest tests/infra --hosts=local:// --hkgpu-profile=/etc/hkgpu-tune/node.yaml
 
-The checks are not a second implementation: each host runs the library's own verifier
-(`hkgpu-tune verify --json` on its node profile, the same code the module and the boot unit
-use) and every Result becomes one test, named host::subsystem::target::key.
+Each host's node profile (hkgpu_profile_path, or --hkgpu-profile) is read from the host and
+parsed as input; every setting in it becomes a test (tests/infra/checks.py) that reads the host
+with its own tools. hkgpu-tune's verify is never run: a compare() bug that says "ok" still fails
+here. Test ids: host::subsystem::target::key.
 """
 from __future__ import annotations
 
-import json
-import shlex
+import os
+import sys
 
 import pytest
 
+sys.path.insert(0, os.path.dirname(__file__))
+import infra_checks as checks  # noqa: E402
+
 DEFAULTS = {"hkgpu_prefix": "/opt/hkgpu-tune", "hkgpu_profile_path": "/etc/hkgpu-tune/node.yaml",
             "hkgpu_state_dir": "/var/lib/hkgpu-tune"}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--hkgpu-profile", default=None,
+                     help="the node profile on each host (default: the inventory's hkgpu_profile_path, "
+                          "else /etc/hkgpu-tune/node.yaml)")
 
 
 def _var(hostvars: dict, name: str) -> str:
@@ -28,18 +39,25 @@ def _var(hostvars: dict, name: str) -> str:
     return v
 
 
-def verify_host(host) -> list[dict]:
-    """Run the library's verifier on the host; returns its Result dicts."""
-    hv = host.ansible.get_variables() if host.backend.NAME == "ansible" else {}
-    cli = _var(hv, "hkgpu_cli") if "hkgpu_cli" in hv else _var(hv, "hkgpu_prefix") + "/bin/hkgpu-tune"
-    cmd = (f"{shlex.quote(cli)} verify --json --profile {shlex.quote(_var(hv, 'hkgpu_profile_path'))} "
-           f"--state-dir {shlex.quote(_var(hv, 'hkgpu_state_dir'))}")
-    out = host.run(cmd)
-    if out.rc not in (0, 2):
-        return [{"subsystem": "verify", "target": "-", "key": "run", "current": out.stderr.strip()[-500:],
-                 "desired": "exit 0 or 2", "status": "error", "reason": f"`{cmd}` exited {out.rc}",
-                 "required": True}]
-    return json.loads(out.stdout)["results"]
+def host_checks(host, path: str | None) -> list:
+    """The host's node profile (read from the host, parsed as input) as checks."""
+    from hkgpu_tune.errors import HkError
+    from hkgpu_tune.profile import parse_profile_text
+    if not path:
+        hv = host.ansible.get_variables() if host.backend.NAME == "ansible" else {}
+        path = _var(hv, "hkgpu_profile_path")
+    f = host.file(path)
+    if not f.exists:
+        def missing(host):
+            raise AssertionError(f"{path}: no node profile on this host")
+        return [checks.Check("profile", path, "present", True, missing)]
+    try:
+        prof = parse_profile_text(f.content_string, path)
+    except HkError as e:
+        def bad(host, e=str(e)):
+            raise AssertionError(e)
+        return [checks.Check("profile", path, "valid", True, bad)]
+    return checks.plan(host, prof)
 
 
 def pytest_generate_tests(metafunc):
@@ -47,7 +65,7 @@ def pytest_generate_tests(metafunc):
         return
     spec = metafunc.config.getoption("hosts", None)
     if not spec:
-        metafunc.parametrize("host_name,setting", [pytest.param(
+        metafunc.parametrize("infra_host,setting", [pytest.param(
             None, None, marks=pytest.mark.skip(reason="needs --hosts=ansible://... --ansible-inventory=..."))])
         return
     import testinfra
@@ -58,6 +76,6 @@ def pytest_generate_tests(metafunc):
     params = []
     for h in hosts:
         name = h.backend.get_pytest_id()
-        for r in verify_host(h):
-            params.append(pytest.param(name, r, id=f"{name}::{r['subsystem']}::{r['target']}::{r['key']}"))
-    metafunc.parametrize("host_name,setting", params)
+        for c in host_checks(h, metafunc.config.getoption("hkgpu_profile")):
+            params.append(pytest.param(h, c, id=f"{name}::{c.id}"))
+    metafunc.parametrize("infra_host,setting", params)

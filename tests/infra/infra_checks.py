@@ -1,0 +1,367 @@
+"""Independent checks of a tuned host, one per setting of its profile.
+
+Each check reads the host with the host's own tools through testinfra (host.sysctl, `ip -j`,
+`ethtool`, `tc -j`, /proc/irq, /sys, `nvidia-smi`) and compares with the profile's desired value
+in code of its own. Nothing here uses hkgpu_tune's verify, compare, normalisation, matching or
+backends: a bug there that says "ok" is still caught here (test_independent.py plants one to prove it).
+The profile itself is input: the caller parses it with hkgpu_tune.profile.
+
+    checks = plan(host, profile)          # [Check], ids like sysctl::host::net.ipv4.tcp_rmem
+    for c in checks: c(host)              # AssertionError naming current and desired, or pytest.skip
+"""
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from typing import Any, Callable
+
+import pytest
+
+# ethtool's legacy offload names (as `ethtool -k` prints them) and the kernel features behind each
+OFFLOAD_NAME = {"gro": "generic-receive-offload", "gso": "generic-segmentation-offload",
+                "tso": "tcp-segmentation-offload", "lro": "large-receive-offload", "rx_checksum": "rx-checksumming",
+                "tx_checksum": "tx-checksumming", "sg": "scatter-gather", "rxhash": "receive-hashing"}
+OFFLOAD_PARTS = {"tso": "tx-tcp*-segmentation", "tx_checksum": "tx-checksum-*", "sg": "tx-scatter-gather*"}
+
+
+@dataclass
+class Check:
+    subsystem: str
+    target: str
+    key: str
+    desired: Any
+    run: Callable          # run(host): raises AssertionError (or pytest.skip)
+
+    @property
+    def id(self) -> str:
+        return f"{self.subsystem}::{self.target}::{self.key}"
+
+    def __call__(self, host):
+        self.run(host)
+
+
+def _fail(what: str, current, desired, why: str = "differs"):
+    raise AssertionError(f"{what}: {why}: current {current}, desired {desired}")
+
+
+def _out(host, cmd: str) -> str:
+    r = host.run(cmd)
+    assert r.rc == 0, f"`{cmd}` exited {r.rc}: {r.stderr.strip()[-300:]}"
+    return r.stdout
+
+
+def _tokens(v) -> list[str]:
+    return str(v).split()
+
+
+def _num(s: str):
+    try:
+        return int(s, 0)
+    except ValueError:
+        return None
+
+
+def values_equal(current, desired) -> bool:
+    a, b = _tokens(current), _tokens(desired)
+    return len(a) == len(b) and all(
+        (_num(x) == _num(y)) if _num(x) is not None and _num(y) is not None else x == y for x, y in zip(a, b))
+
+
+def values_at_least(current, desired) -> bool:
+    a, b = _tokens(current), _tokens(desired)
+    return len(a) == len(b) and all(_num(x) is not None and _num(y) is not None and _num(x) >= _num(y)
+                                    for x, y in zip(a, b))
+
+
+def cpus(text: str) -> set[int]:
+    """'0-3,8' -> {0, 1, 2, 3, 8}"""
+    out = set()
+    for part in text.strip().split(","):
+        if part:
+            lo, _, hi = part.partition("-")
+            out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+# ---------------------------------------------------------------- what the host has
+def links(host) -> list[dict]:
+    """Every interface but loopback: name, MACs, driver and bus address (ethtool -i), default route."""
+    default = {r.get("dev") for r in json.loads(_out(host, "ip -j route show default") or "[]")}
+    out = []
+    for ln in json.loads(_out(host, "ip -j link show")):
+        if ln.get("link_type") == "loopback":
+            continue
+        name = ln["ifname"]
+        info = dict(line.split(": ", 1) for line in host.run(f"ethtool -i {shlex.quote(name)}").stdout.splitlines()
+                    if ": " in line)
+        out.append({"name": name, "macs": {ln.get("address", "").lower(), ln.get("permaddr", "").lower()} - {""},
+                    "driver": info.get("driver") or None, "pci": info.get("bus-info") or None,
+                    "default_route": name in default,
+                    "pci_device": host.file(f"/sys/class/net/{name}/device").exists})
+    return out
+
+
+def matching(match, devs) -> list[dict]:
+    def ok(d):
+        name = match.name
+        return all((not name or (fnmatchcase(d["name"], name) if set("*?[") & set(name) else d["name"] == name),
+                    not match.mac or match.mac.lower() in d["macs"],
+                    not match.driver or d["driver"] == match.driver,
+                    not match.pci or (d["pci"] or "").lower().endswith(match.pci.lower()),
+                    not match.default_route or d["default_route"]))
+    return [d for d in devs if ok(d)]
+
+
+def ethtool_table(host, flag: str, dev: str) -> tuple[dict, dict]:
+    """`ethtool -l` / `-g`: (maximums, current), each {'rx': 2, 'tx': 2, 'combined': 0, ...}; n/a is 0."""
+    r = host.run(f"ethtool {flag} {shlex.quote(dev)}")
+    if r.rc != 0:
+        return {}, {}
+    maxi, cur, part = {}, {}, None
+    for line in r.stdout.splitlines():
+        if line.startswith("Pre-set maximums"):
+            part = maxi
+        elif line.startswith("Current hardware settings"):
+            part = cur
+        elif part is not None and ":" in line:
+            k, v = (x.strip() for x in line.split(":", 1))
+            part[k.lower()] = int(v) if v.isdigit() else 0
+    return maxi, cur
+
+
+def tx_queues(host, dev: str) -> int:
+    return sum(1 for q in _out(host, f"ls /sys/class/net/{shlex.quote(dev)}/queues").split() if q.startswith("tx-"))
+
+
+# ---------------------------------------------------------------- one check per setting
+def sysctl_check(s) -> Check:
+    def run(host):
+        try:
+            cur = " ".join(_tokens(host.sysctl(s.key)))
+        except AssertionError:      # `sysctl -n KEY` failed: no such key here
+            if s.optional:
+                pytest.skip(f"{s.key}: not in this kernel or namespace (optional)")
+            _fail(s.key, None, s.value, "no such sysctl here")
+        if values_equal(cur, s.value) or (s.compare == "at_least" and values_at_least(cur, s.value)):
+            return
+        _fail(s.key, cur, s.value, "below the desired value" if s.compare == "at_least" else "differs")
+    return Check("sysctl", "host", s.key, s.value, run)
+
+
+def mtu_check(dev, mtu) -> Check:
+    def run(host):
+        cur = json.loads(_out(host, f"ip -j link show dev {shlex.quote(dev)}"))[0]["mtu"]
+        if cur != mtu:
+            _fail(f"{dev} mtu", cur, mtu)
+    return Check("link", dev, "mtu", mtu, run)
+
+
+def table_checks(host, part: str, flag: str, dev: str, want: dict) -> list[Check]:
+    maxi, _ = ethtool_table(host, flag, dev)
+    want = {k: v for k, v in want.items() if v is not None}
+    if part == "channels" and "combined" in want and not maxi.get("combined") and maxi.get("rx") and maxi.get("tx"):
+        v = want.pop("combined")              # a driver with separate rx/tx queues only: those, the same count
+        want.setdefault("rx", v)
+        want.setdefault("tx", v)
+    checks = []
+    for k, v in want.items():
+        def run(host, k=k, v=v):
+            mx, cur = ethtool_table(host, flag, dev)
+            if not mx.get(k):
+                _fail(f"{dev} {part} {k}", None, v, f"`ethtool {flag}` shows no {k} {part} on this driver")
+            desired = mx[k] if v == "max" else v
+            if cur.get(k) != desired:
+                _fail(f"{dev} {part} {k}", cur.get(k), desired)
+        checks.append(Check("ethtool", dev, f"{part} {k}", v, run))
+    return checks
+
+
+def offload_check(dev: str, short: str, want: bool) -> Check:
+    def run(host):
+        feats = json.loads(_out(host, f"ethtool --json -k {shlex.quote(dev)}"))[0]
+        name = OFFLOAD_NAME[short]
+        if name not in feats:
+            _fail(f"{dev} {short}", None, want, f"`ethtool -k` shows no {name}")
+        parts = {k: v for k, v in feats.items() if short in OFFLOAD_PARTS and fnmatchcase(k, OFFLOAD_PARTS[short])}
+        changeable = {k: v["active"] for k, v in parts.items() if not v.get("fixed")}
+        if changeable:
+            off = sorted(k for k, on in changeable.items() if on != want)
+            if off:
+                _fail(f"{dev} {short}", {k: changeable[k] for k in off}, want, "differs")
+        elif feats[name]["active"] != want:
+            _fail(f"{dev} {short} ({name})", feats[name]["active"], want,
+                  "fixed by the driver" if feats[name].get("fixed") else "differs")
+    return Check("ethtool", dev, short, want, run)
+
+
+def qdisc_checks(host, dev: str, kind: str) -> list[Check]:
+    n = tx_queues(host, dev)
+
+    def qdiscs(host):
+        return json.loads(_out(host, f"tc -j qdisc show dev {shlex.quote(dev)}"))
+
+    def root(host):
+        q = [x for x in qdiscs(host) if x.get("root")]
+        cur = q[0]["kind"] if q else None
+        want = "mq" if n > 1 else kind
+        if cur != want:
+            _fail(f"{dev} root qdisc", cur, want, f"{n} transmit queue(s)")
+    checks = [Check("qdisc", dev, "root", kind, root)]
+    for i in range(1, n + 1 if n > 1 else 1):
+        def queue(host, i=i):
+            all_ = qdiscs(host)
+            r = [x for x in all_ if x.get("root")]
+            major = r[0]["handle"].split(":")[0] if r else "?"
+            cur = [x["kind"] for x in all_ if x.get("parent") == f"{major}:{i:x}"]
+            if cur != [kind]:
+                _fail(f"{dev} queue {i} qdisc", cur or None, kind)
+        checks.append(Check("qdisc", dev, f"queue {i}", kind, queue))
+    return checks
+
+
+def network_checks(host, net) -> list[Check]:
+    devs, out, seen = links(host), [], set()
+    for rule in net.interfaces:
+        found = matching(rule.match, devs)
+        if not found:
+            if not rule.optional:
+                def none(host, m=rule.match.describe()):
+                    raise AssertionError(f"no interface matches {m}")
+                out.append(Check("link", f"match {rule.match.describe()}", "present", True, none))
+            continue
+        for d in found:
+            name = d["name"]
+            new = []
+            if rule.mtu is not None:
+                new.append(mtu_check(name, rule.mtu))
+            if rule.channels is not None:
+                new += table_checks(host, "channels", "-l", name, vars(rule.channels))
+            if rule.rings is not None:
+                new += table_checks(host, "rings", "-g", name, vars(rule.rings))
+            new += [offload_check(name, k, v) for k, v in rule.offloads.items()]
+            if rule.qdisc:
+                new += qdisc_checks(host, name, rule.qdisc)
+            for c in new:
+                if c.id not in seen:
+                    seen.add(c.id)
+                    out.append(c)
+    return out
+
+
+def irq_checks(host, aff) -> list[Check]:
+    devs, out, pinned = [d for d in links(host) if d["pci_device"]], [], []
+    online = cpus(_out(host, "cat /sys/devices/system/cpu/online"))
+    for rule in aff.nics:
+        found = matching(rule.match, devs)
+        if not found and not rule.optional:
+            def none(host, m=rule.match.describe()):
+                raise AssertionError(f"no PCI network interface matches {m}")
+            out.append(Check("affinity", f"match {rule.match.describe()}", "irq_affinity", rule.irq_cpus, none))
+        for d in found:
+            base = f"/sys/class/net/{d['name']}/device"
+            irqs = sorted(int(x) for x in host.run(f"ls {base}/msi_irqs").stdout.split() if x.isdigit())
+            if rule.irq_cpus == "local":
+                want = cpus(host.file(f"{base}/local_cpulist").content_string) & online or online
+            else:
+                want = cpus(rule.irq_cpus)
+            for irq in irqs:
+                pinned.append(irq)
+
+                def run(host, irq=irq, want=want):
+                    f = host.file(f"/proc/irq/{irq}/smp_affinity_list")
+                    if not f.exists:
+                        pytest.skip(f"IRQ {irq}: no /proc/irq entry")
+                    cur = f.content_string.strip()
+                    if not cpus(cur) <= want:
+                        _fail(f"IRQ {irq} ({d['name']})", cur, ",".join(map(str, sorted(want))), "outside the NIC's CPUs")
+                out.append(Check("affinity", f"{d['name']} irq{irq}", "smp_affinity_list", sorted(want), run))
+    if aff.irqbalance_ban:
+        def banned(host, irqs=sorted(set(pinned))):
+            for path in ("/etc/default/irqbalance", "/etc/sysconfig/irqbalance"):
+                if host.file(path).exists:
+                    text = host.file(path).content_string
+                    missing = [i for i in irqs if f"--banirq={i}" not in text and f"--banirq {i}" not in text]
+                    if missing:
+                        _fail(path, "no --banirq for " + ",".join(map(str, missing)), irqs)
+                    return
+            if irqs:
+                _fail("irqbalance", "no /etc/default/irqbalance", irqs, "pinned interrupts not banned")
+        out.append(Check("affinity", "irqbalance", "banned_irqs", "pinned", banned))
+    for s in aff.services:
+        def placed(host, s=s):
+            if not host.exists("nvidia-smi"):
+                pytest.skip("no nvidia-smi on this host: no GPU to place services by")
+            text = _out(host, f"nvidia-smi topo -C -i {int(s.gpu)}")
+            want = cpus(text.split(":", 1)[1]) if ":" in text else set()
+            pids = host.run(f"pgrep -x {shlex.quote(s.name)}").stdout.split()
+            if not pids:
+                pytest.skip(f"{s.name}: not running")
+            for pid in pids:
+                line = [x for x in host.file(f"/proc/{pid}/status").content_string.splitlines()
+                        if x.startswith("Cpus_allowed_list:")][0]
+                if not cpus(line.split(":", 1)[1]) <= want:
+                    _fail(f"{s.name} pid {pid} cpus", line.split(":", 1)[1].strip(), sorted(want))
+        out.append(Check("affinity", s.name, "cpus", s.gpu, placed))
+    return out
+
+
+GPU_QUERY = "index,persistence_mode,compute_mode,power.limit,clocks.applications.graphics,clocks.applications.memory"
+
+
+def gpu_checks(gpu) -> list[Check]:
+    wanted = [(k, getattr(gpu, k)) for k in ("persistence", "compute_mode", "power_limit_w", "application_clocks")
+              if getattr(gpu, k, None) is not None]
+
+    def make(key, want):
+        def run(host):
+            if not host.exists("nvidia-smi"):
+                pytest.skip("no nvidia-smi on this host (no GPU or driver)")
+            rows = [[c.strip() for c in line.split(",")] for line in
+                    _out(host, f"nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader,nounits").splitlines()]
+            for idx, pm, cm, pl, sm, mem in rows:
+                if gpu.gpus is not None and int(idx) not in gpu.gpus:
+                    continue
+                if key == "persistence" and (pm == "Enabled") != want:
+                    _fail(f"gpu{idx} persistence", pm, want)
+                if key == "compute_mode" and cm.lower() != str(want).lower():
+                    _fail(f"gpu{idx} compute_mode", cm, want)
+                if key == "power_limit_w" and round(float(pl)) != int(want):
+                    _fail(f"gpu{idx} power limit (W)", pl, want)
+                if key == "application_clocks" and (int(sm), int(mem)) != (want.sm, want.mem):
+                    _fail(f"gpu{idx} application clocks", f"{sm},{mem}", f"{want.sm},{want.mem}")
+        return Check("gpu", "gpus", key, want, run)
+    return [make(k, v) for k, v in wanted]
+
+
+def mps_checks(mps) -> list[Check]:
+    def daemon(host):
+        if not host.exists("nvidia-smi"):
+            pytest.skip("no nvidia-smi on this host (no GPU or driver)")
+        running = bool(host.run("pgrep -x nvidia-cuda-mps-control").stdout.split())
+        if running != mps.enabled:
+            _fail("nvidia-cuda-mps-control", "running" if running else "stopped",
+                  "running" if mps.enabled else "stopped")
+        if mps.enabled and not host.file(mps.pipe_dir).is_directory:
+            _fail("MPS pipe directory", None, mps.pipe_dir, "missing")
+    return [Check("mps", "mps", "daemon", mps.enabled, daemon)]
+
+
+def plan(host, profile) -> list[Check]:
+    """Every setting of the profile as a check on this host (some read the host to know its queues
+    and interrupts)."""
+    out = [sysctl_check(s) for s in profile.sysctl]
+    if profile.section("network"):
+        out += network_checks(host, profile.network)
+    if profile.section("affinity"):
+        out += irq_checks(host, profile.section("affinity"))
+    if profile.section("gpu"):
+        out += gpu_checks(profile.section("gpu"))
+    if profile.section("mps"):
+        out += mps_checks(profile.section("mps"))
+    for name in sorted(set(profile.sections) - {"sysctl", "network", "affinity", "gpu", "mps"}):
+        def unchecked(host, name=name):
+            pytest.skip(f"the {name} section has no independent check here yet")
+        out.append(Check(name, "-", "section", None, unchecked))
+    return out
