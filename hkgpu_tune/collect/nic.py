@@ -31,13 +31,20 @@ def parse_ethtool_s(text: str) -> dict[str, int]:
 def queues(stats: dict[str, int]) -> dict[str, dict[str, int]]:
     """Per-queue counters out of a driver's flat statistics: {"rx-0": {"packets": .., "dropped": ..}}."""
     out: dict[str, dict[str, int]] = {}
+    by_prefix: dict[str, dict] = {}    # "rx12_" -> that queue's dict (a driver repeats each prefix ~30 times)
     match = QUEUE_RE.fullmatch
     for name, v in stats.items():
+        if not name or name[0] not in "rt[":
+            continue
         m = match(name)
         if m is None:
             continue
-        d, a, b, c, e, d2, what = m.groups()
-        out.setdefault(f"{d or d2}-{int(a or b or c or e)}", {})[what] = v
+        pos = m.start(7)
+        q = by_prefix.get(name[:pos])
+        if q is None:
+            d, a, b, c, e, d2, _ = m.groups()
+            q = by_prefix[name[:pos]] = out.setdefault(f"{d or d2}-{int(a or b or c or e)}", {})
+        q[name[pos:]] = v
     return out
 
 
