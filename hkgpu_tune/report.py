@@ -101,11 +101,13 @@ SCHEMA_VERSION = 1
 
 
 def _profile_fields(profile) -> dict:
+    """profile: its name or path; profile_source: why it was used (--profile, HKGPU_TUNE_PROFILE,
+    node, persist, default), null where the caller did not say."""
     if profile is None:
-        return {"profile": None}
-    if hasattr(profile, "label"):   # a Profile: its name or path, and why it was used
+        return {"profile": None, "profile_source": None}
+    if hasattr(profile, "label"):   # a Profile
         return {"profile": profile.label, "profile_source": getattr(profile, "source", None)}
-    return {"profile": str(profile)}
+    return {"profile": str(profile), "profile_source": None}
 
 
 def envelope(command: str, data: dict, profile=None) -> dict:
@@ -113,8 +115,8 @@ def envelope(command: str, data: dict, profile=None) -> dict:
 
     `profile`: a Profile (its label and source are kept), a name or path, or None.
 
-    >>> sorted(envelope("verify", {"results": []}, "hk-inference"))[:4]
-    ['command', 'host', 'profile', 'results']
+    >>> list(envelope("verify", {"results": []}, "hk-inference"))
+    ['schema_version', 'command', 'host', 'profile', 'profile_source', 'time', 'version', 'results']
     """
     import socket
     import time

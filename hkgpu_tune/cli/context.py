@@ -92,7 +92,7 @@ class Context:
         if self._console is None:
             from rich.console import Console
             # into a log or the journal (no terminal): wide rows, so a key stays on one line for grep
-            wide = not sys.stdout.isatty() and "COLUMNS" not in os.environ
+            wide = not sys.stdout.isatty() and not os.environ.get("COLUMNS")
             self._console = Console(stderr=False, soft_wrap=False, width=200 if wide else None)
         return self._console
 
@@ -102,7 +102,9 @@ class Context:
             print("".join(p if isinstance(p, str) else p[0] for p in parts))
             return
         from rich.text import Text
-        self.console.print(Text.assemble(*parts), soft_wrap=True)  # one line, never wrapped
+        # into a log (no terminal, no COLUMNS): one line, for grep; else wrapped at spaces
+        wide = not sys.stdout.isatty() and not os.environ.get("COLUMNS")
+        self.console.print(Text.assemble(*parts), soft_wrap=wide)
 
     def close(self) -> None:
         if self._engine is not None:

@@ -104,7 +104,7 @@ def run_plan(ctx: Context) -> int:
     if ctx.json:
         ctx.dump(report.results_doc(res, {"changes": [c.to_dict() for c in changes]}))
     else:
-        ctx.header("plan")
+        ctx.header()
         report.print_changes(changes, res, ctx.console)
     return EXIT_OK if not [r for r in res if r.failed] else EXIT_DRIFT
 

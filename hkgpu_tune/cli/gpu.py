@@ -45,7 +45,8 @@ def run_mps(ctx: Context) -> int:
         state = "running" if h["alive"] else "stopped"
         extra = (f", servers {fmt(h['servers'])}, default active thread percentage "
                  f"{fmt(h['default_active_thread_percentage'])}") if h["alive"] else ""
-        print(f"mps {state} ({plug.cfg.pipe_dir}){extra}; profile {prof.label}")
+        ctx.header()
+        ctx.line(f"mps {state} ({plug.cfg.pipe_dir}){extra}")
     if args.action == "status":
         return EXIT_OK if h["alive"] else EXIT_DRIFT
     return EXIT_OK if h["alive"] == (args.action == "start") else EXIT_ERROR
@@ -64,7 +65,8 @@ def run_placement(ctx: Context) -> int:
     if args.json:
         ctx.dump(pl, profile=None)   # placement reads the host, not a profile
     else:
-        print(f"GPU {args.gpu}: CPUs {format_cpulist(pl['cpus'])}, NUMA node {pl['numa_node']} ({pl['source']})")
+        node = "none" if pl["numa_node"] is None else pl["numa_node"]
+        ctx.line(f"GPU {args.gpu}: CPUs {format_cpulist(pl['cpus'])}, NUMA node {node} ({pl['source']})")
         for line in unit_lines(pl):
-            print(f"  {line}")
+            ctx.line(f"  {line}")
     return EXIT_OK

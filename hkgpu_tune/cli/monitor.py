@@ -31,10 +31,10 @@ def run_export(ctx: Context) -> int:
                 "collectors": [{"collector": c.collector, "up": c.up, "error": c.error,
                                 "seconds": round(c.seconds, 4), "data": c.data} for c in rep.collectors]}
         print(json.dumps(report.envelope("export", data, ctx.profile.path), indent=2, default=str))
-    else:
-        ctx.line(f"wrote {rep.path}: {rep.series} series in {rep.seconds * 1000:.0f} ms, "
-                 f"{rep.failures} failed setting(s)")
+    else:   # plain lines: a timer's journal, not a terminal (rich would cost ~50 ms of imports)
+        print(f"wrote {rep.path}: {rep.series} series in {rep.seconds * 1000:.0f} ms, "
+              f"{rep.failures} failed setting(s)")
         for c in rep.collectors:
             if not c.up:
-                ctx.line(("collector down:", "red"), f" {c.collector}: {c.error}")
+                print(f"collector down: {c.collector}: {c.error}")
     return code

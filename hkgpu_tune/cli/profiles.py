@@ -6,7 +6,7 @@ from .context import EXIT_OK, Context, nonempty
 
 def add_parser(sub) -> None:
     p = sub.add_parser("profiles", help="list the profiles, or show one")
-    psub = p.add_subparsers(dest="profiles_cmd", required=True)
+    psub = p.add_subparsers(dest="profiles_cmd", required=True, metavar="COMMAND")
     q = psub.add_parser("list", help="the shipped profiles and the node's, the one in effect marked")
     q.add_argument("--json", action="store_true", help="machine-readable output")
     q.set_defaults(run=run_list)

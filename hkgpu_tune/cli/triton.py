@@ -24,7 +24,7 @@ from .context import EXIT_ERROR, EXIT_OK, PROFILE_HELP, Context, nonempty
 
 def add_parser(sub) -> None:
     p = sub.add_parser("triton", help="the Triton inference service: render, start, gate, stop")
-    tsub = p.add_subparsers(dest="triton_cmd", required=True)
+    tsub = p.add_subparsers(dest="triton_cmd", required=True, metavar="COMMAND")
     for name, helptext, fn in (
             ("render", "write the model repository (config.pbtxt checked by Triton's schema)", run_render),
             ("start", "render, launch and wait until ready", run_start),

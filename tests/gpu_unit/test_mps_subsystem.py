@@ -153,7 +153,8 @@ def test_cli_mps_and_placement_without_driver(tmp_path):
     p.write_text(text(tmp_path))
     run = [sys.executable, "-m", "hkgpu_tune"]
     st = subprocess.run(run + ["mps", "status", "-p", str(p)], capture_output=True, text=True)
-    assert st.returncode == 2 and st.stdout.startswith("mps stopped")
+    words = " ".join(st.stdout.split())   # lines wrap where COLUMNS is set
+    assert st.returncode == 2 and words.startswith(f"mps status: profile {p} (--profile) mps stopped")
     start = subprocess.run(run + ["mps", "start", "-p", str(p)], capture_output=True, text=True)
     assert start.returncode == 1 and "Traceback" not in start.stderr
     assert "nvidia-cuda-mps-control not found" in start.stderr and not (tmp_path / "pipe").exists()
