@@ -275,14 +275,26 @@ def table_rows(cmp: Comparison) -> list[list[str]]:
     for r in cmp.rows:
         pct = "-" if r.change_pct is None else f"{r.change_pct:+.1f}%"
         verdict = r.verdict + (" REGRESSED" if r.regressed else "")
-        out.append([r.key, r.unit, _fmt(r.before, r.unit), _fmt(r.after, r.unit),
-                    "-" if r.change is None else f"{r.change:+.4g}", pct,
-                    "-" if r.noise is None else f"±{r.noise:.3g}", f"{r.n_before}/{r.n_after}", verdict,
-                    r.threshold, r.reason])
+        out.append([f"{r.key} ({r.unit})", _fmt(r.before, r.unit), _fmt(r.after, r.unit), pct,
+                    "-" if r.noise is None else f"±{r.noise:.3g}", verdict])
     return out
 
 
-COLUMNS = ["metric", "unit", "before", "after", "change", "%", "noise", "n", "verdict", "threshold", "reason"]
+COLUMNS = ["metric", "before", "after", "change", "noise", "verdict"]
+
+
+def summary_line(cmp: Comparison) -> str:
+    n = len(cmp.regressions)
+    return f"{len(cmp.rows)} metric(s), {n} regression(s)" + (": " + ", ".join(r.key for r in cmp.regressions) if n else "")
+
+
+def notes(cmp: Comparison) -> list[str]:
+    """The lines under the table: why a row has no figure, and the thresholds used."""
+    out = [f"{r.key}: {r.reason}" for r in cmp.rows if r.reason]
+    kinds = {r.kind: r.threshold for r in cmp.rows}
+    out.append("regression thresholds (worse beyond the noise and past): "
+               + ", ".join(f"{k} {v}" for k, v in kinds.items()))
+    return out
 
 
 def print_table(cmp: Comparison, console, title: str | None = None) -> None:
@@ -292,11 +304,12 @@ def print_table(cmp: Comparison, console, title: str | None = None) -> None:
     t = Table(title=Text(title or f"baseline: {cmp.before.host} {cmp.before.time} -> {cmp.after.time}"),
               title_justify="left")
     for c in COLUMNS:
-        t.add_column(c, overflow="fold")
+        t.add_column(c, overflow="fold", no_wrap=c in ("before", "after", "change", "noise"),
+                     min_width=20 if c == "metric" else None)
     for r, cells in zip(cmp.rows, table_rows(cmp)):
         style = "red" if r.regressed else colours.get(r.verdict, "")
-        t.add_row(*[Text(c, style=style if i == 8 else "") for i, c in enumerate(cells)])
+        t.add_row(*[Text(c, style=style if COLUMNS[i] == "verdict" else "") for i, c in enumerate(cells)])
     console.print(t)
-    n = len(cmp.regressions)
-    console.print(Text(f"{len(cmp.rows)} metric(s), {n} regression(s)" +
-                       (": " + ", ".join(r.key for r in cmp.regressions) if n else "")))
+    for line in notes(cmp):
+        console.print(Text(line), soft_wrap=True)
+    console.print(Text(summary_line(cmp)), soft_wrap=True)

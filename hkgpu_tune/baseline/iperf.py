@@ -93,6 +93,10 @@ def client(addr: str, port: int = 5201, seconds: int = 5, streams: int = 4, reve
     return r
 
 
+class Stopped(Exception):
+    pass
+
+
 def serve(port: int = 5201, seconds: float = 600, one_off: bool = False, bind: str | None = None,
           out=None) -> int:
     """Run `iperf3 -s` for at most `seconds` (or until one test ends with one_off). Returns 0;
@@ -105,14 +109,23 @@ def serve(port: int = 5201, seconds: float = 600, one_off: bool = False, bind: s
         argv.append("-1")
     if bind:
         argv += ["-B", bind]
+    import signal
     import tempfile
+    import threading
+
+    def stop(signum, frame):
+        raise Stopped()
+    main = threading.current_thread() is threading.main_thread()
+    old = signal.signal(signal.SIGTERM, stop) if main else None   # a stop signal still ends iperf3 -s
     with tempfile.TemporaryFile() as err:
         p = subprocess.Popen(argv, stdout=out or subprocess.DEVNULL, stderr=err)
         try:
             rc = p.wait(timeout=seconds)
-        except subprocess.TimeoutExpired:
+        except (subprocess.TimeoutExpired, Stopped):
             rc = 0
         finally:
+            if main:
+                signal.signal(signal.SIGTERM, old)
             if p.poll() is None:
                 p.terminate()
                 try:

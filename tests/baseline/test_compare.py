@@ -1,0 +1,183 @@
+"""compare on snapshots built from recorded iperf3 and ping output; the statistics; bad input."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from hkgpu_tune.baseline import compare as cmpmod
+from hkgpu_tune.baseline import iperf, settings, stats
+from hkgpu_tune.collect import probe
+
+from .snapshots import recorded, snapshot, write
+
+
+def hk(*args):
+    return subprocess.run([sys.executable, "-m", "hkgpu_tune", *args], capture_output=True, text=True)
+
+
+# ---------------------------------------------------------------- statistics
+def test_verdict_uses_the_spread():
+    tight_b, tight_a = [10.0, 10.1, 9.9, 10.0], [9.0, 9.1, 8.9, 9.0]
+    assert stats.verdict(tight_b, tight_a, "higher")[0] == "worse"
+    # the same means with a wide spread: the change is inside the noise band
+    wide_b, wide_a = [6.0, 14.0, 8.0, 12.0], [5.0, 13.0, 7.0, 11.0]
+    v, band = stats.verdict(wide_b, wide_a, "higher")
+    assert v == "within noise" and band > 1.0
+    assert stats.verdict(tight_b, [11.0, 11.1, 10.9, 11.0], "higher")[0] == "better"
+    assert stats.verdict(tight_b, tight_a, "lower")[0] == "better"
+    # one sample each: no spread, no band; the threshold alone decides
+    assert stats.verdict([5.0], [6.0], "lower") == ("worse", None)
+    assert stats.verdict([5.0], [5.0], "lower") == ("within noise", None)
+
+
+def test_noise_band_shrinks_with_more_samples():
+    few = stats.noise_band([10.0, 12.0], [10.0, 12.0])
+    many = stats.noise_band([10.0, 12.0] * 10, [10.0, 12.0] * 10)
+    assert few > 5 * many > 0      # t(2 df) = 4.3 against 2.0 and sqrt(10) less standard error
+
+
+def test_threshold_pct_and_abs():
+    t = settings.Threshold(pct=20, abs=0.2)
+    assert not t.passed(0.05, 0.09)      # +80% but 0.04 ms: a LAN wobble
+    assert not t.passed(40.0, 44.0)      # +10%
+    assert t.passed(40.0, 52.0)
+    assert settings.Threshold(abs=0.01).passed(0.0, 0.02)
+    assert not settings.Threshold(pct=10).passed(0.0, 0.0)
+
+
+def test_chunks():
+    assert [len(c) for c in stats.chunks(list(range(60)))] == [12] * 5
+    assert [len(c) for c in stats.chunks(list(range(12)))] == [6, 6]
+    assert stats.chunks([1.0, 2.0]) == [[1.0, 2.0]] and stats.chunks([]) == []
+
+
+# ---------------------------------------------------------------- recorded tool output
+def test_iperf3_recorded_json():
+    s = iperf.parse(recorded("iperf3-send.json"))
+    assert s.error is None and 1 < s.gbit < 100 and isinstance(s.retransmits, int)
+    assert len(s.intervals_gbit) == 5 and all(x > 0 for x in s.intervals_gbit)
+    r = iperf.parse(recorded("iperf3-reverse.json"))
+    assert r.error is None and len(r.intervals_gbit) == 5
+    assert iperf.parse(recorded("iperf3-refused.json")).error == "iperf3: unable to connect to server: Connection refused"
+    assert iperf.parse("iperf3: error - nope").error.startswith("iperf3 gave no JSON")
+    assert iperf.parse('{"end": {}}').error == "iperf3: no end.sum_received.bits_per_second in its JSON"
+    assert iperf.parse("[1]").error == "iperf3 gave JSON that is not an object"
+
+
+def test_ping_statistics_from_recorded_output():
+    s = probe.parse("198.18.40.2", recorded("ping-60.txt"), 60)
+    assert s.sent == 60 and len(s.rtts_ms) == 60
+    m = cmpmod.metrics(cmpmod.Snapshot("x", snapshot()))
+    p50 = m["rtt p50 fabric 198.18.0.2"]
+    assert len(p50.samples) == 5 and p50.value == s.p50_ms       # five chunks of twelve, the whole run's p50
+    assert min(p50.samples) <= p50.value <= max(p50.samples)
+    dead = probe.parse("198.18.40.9", recorded("ping-unreachable.txt"), 20)
+    assert dead.received == 0 and dead.sent == 12 and dead.loss_ratio == 1.0
+
+
+# ---------------------------------------------------------------- compare
+def test_same_snapshot_is_within_noise(tmp_path):
+    a = write(tmp_path / "a.json", snapshot())
+    p = hk("baseline", "compare", a, a, "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["command"] == "baseline compare" and doc["regressions"] == []
+    assert all(m["verdict"] == "within noise" for m in doc["metrics"])
+
+
+def test_halved_throughput_regresses_small_change_does_not(tmp_path):
+    a = write(tmp_path / "a.json", snapshot())
+    for scale, code in ((0.5, 2), (0.97, 0), (1.5, 0)):
+        b = write(tmp_path / "b.json", snapshot(tput_scale=scale, time="2026-12-03T01:00:00Z"))
+        p = hk("baseline", "compare", a, b, "--json")
+        assert p.returncode == code, (scale, p.stdout, p.stderr)
+        rows = {m["key"]: m for m in json.loads(p.stdout)["metrics"]}
+        send = rows["throughput 198.18.0.2 send"]
+        want = {0.5: "worse", 0.97: "within noise", 1.5: "better"}[scale]
+        assert send["verdict"] == want and send["regressed"] == (scale == 0.5)
+        assert send["change_pct"] == pytest.approx((scale - 1) * 100)
+        assert send["n_before"] == 15           # 3 runs x 5 iperf3 intervals
+
+
+def test_wan_rtt_up_30_percent_regresses(tmp_path):
+    a = write(tmp_path / "a.json", snapshot(rtt_scale=1000))     # 0.04 ms -> 40 ms: a WAN path
+    b = write(tmp_path / "b.json", snapshot(rtt_scale=1300))
+    doc = json.loads(hk("baseline", "compare", a, b, "--json").stdout)
+    rows = {m["key"]: m for m in doc["metrics"]}
+    assert rows["rtt p50 wan sg"]["regressed"] and rows["rtt p50 fabric 198.18.0.2"]["regressed"]
+    # on the LAN scale the same +30% is a few microseconds: under the 0.2 ms floor
+    a = write(tmp_path / "a.json", snapshot())
+    b = write(tmp_path / "b.json", snapshot(rtt_scale=1.3))
+    doc = json.loads(hk("baseline", "compare", a, b, "--json").stdout)
+    assert not [m for m in doc["metrics"] if m["regressed"]]
+
+
+def test_peer_failing_after_is_a_regression(tmp_path):
+    before = snapshot()
+    after = snapshot()
+    for t in after["throughput"]:
+        t["runs"], t["error"] = [], "iperf3: unable to connect to server: No route to host"
+    a, b = write(tmp_path / "a.json", before), write(tmp_path / "b.json", after)
+    p = hk("baseline", "compare", a, b)
+    assert p.returncode == 2 and "REGRESSED" in p.stdout and "No route to host" in p.stdout
+    doc = json.loads(hk("baseline", "compare", a, b, "--json").stdout)
+    rows = {m["key"]: m for m in doc["metrics"]}
+    for d in ("send", "receive"):
+        r = rows[f"throughput 198.18.0.2 {d}"]
+        assert r["verdict"] == "failed after" and r["regressed"] and "No route to host" in r["reason"]
+    assert doc["regressions"] == ["throughput 198.18.0.2 send", "throughput 198.18.0.2 receive"]
+    # a peer the after profile no longer has is not a failure
+    after = snapshot(throughput=False)
+    b = write(tmp_path / "b.json", after)
+    doc = json.loads(hk("baseline", "compare", a, b, "--json").stdout)
+    assert {m["verdict"] for m in doc["metrics"] if m["kind"] == "throughput"} == {"only before"}
+
+
+def test_other_host_is_an_error_unless_allowed(tmp_path):
+    a = write(tmp_path / "a.json", snapshot(host="node1"))
+    b = write(tmp_path / "b.json", snapshot(host="node2"))
+    p = hk("baseline", "compare", a, b)
+    assert p.returncode == 1 and p.stdout == ""
+    assert p.stderr == (f"hkgpu-tune: error: {b}: host: 'node2', but {a} is from 'node1' (a baseline compares "
+                        "one node with itself; --allow-other-host compares two nodes)\n")
+    p = hk("baseline", "compare", a, b, "--allow-other-host", "--json")
+    assert p.returncode == 0 and "hkgpu-tune: warning:" in p.stderr
+    assert json.loads(p.stdout)["warnings"]
+
+
+@pytest.mark.parametrize("doc, msg", [
+    (snapshot(fmt=2), "baseline_format: snapshot format 2, this hkgpu-tune reads format 1"),
+    ({"command": "verify"}, "not a baseline snapshot (command: 'verify')"),
+    ({**snapshot(), "latency": {}}, "latency: expected a list, got dict"),
+    ({**snapshot(), "latency": [{"peer": "x", "kind": "wan", "rtts_ms": ["1"]}]}, "latency[0].rtts_ms: expected a list of numbers"),
+])
+def test_bad_snapshot_is_one_line(tmp_path, doc, msg):
+    good = write(tmp_path / "good.json", snapshot())
+    bad = write(tmp_path / "bad.json", doc)
+    p = hk("baseline", "compare", good, bad)
+    assert p.returncode == 1 and p.stdout == ""
+    assert p.stderr == f"hkgpu-tune: error: {bad}: {msg}\n"
+
+
+def test_unreadable_snapshots(tmp_path):
+    good = write(tmp_path / "good.json", snapshot())
+    (tmp_path / "t.json").write_text("{not json")
+    for path, msg in ((tmp_path / "none.json", "cannot read the snapshot: No such file or directory"),
+                      (tmp_path, "not a regular file"),
+                      (tmp_path / "t.json", "not a JSON snapshot")):
+        p = hk("baseline", "compare", str(path), good)
+        assert p.returncode == 1 and p.stderr.startswith(f"hkgpu-tune: error: {path}: {msg}"), p.stderr
+        assert len(p.stderr.splitlines()) == 1
+
+
+def test_thresholds_from_the_profile(tmp_path):
+    a = write(tmp_path / "a.json", snapshot())
+    b = write(tmp_path / "b.json", snapshot(tput_scale=0.8))
+    assert hk("baseline", "compare", a, b).returncode == 2
+    prof = tmp_path / "p.yaml"
+    prof.write_text("baseline:\n  thresholds:\n    throughput: {pct: 25}\n")
+    assert hk("baseline", "compare", a, b, "--profile", str(prof)).returncode == 0
+    prof.write_text("baseline:\n  thresholds:\n    throughputs: {pct: 25}\n")
+    p = hk("baseline", "compare", a, b, "--profile", str(prof))
+    assert p.returncode == 1 and f"{prof}:3: baseline.thresholds.throughputs: unknown key; did you mean 'throughput'?" in p.stderr
