@@ -1,0 +1,99 @@
+"""The hkgpu_monitoring role on a Prometheus host (this machine, connection local, into a temp dir),
+with the example Hong Kong inventory: per-rack targets, the repo's rules, a config promtool passes;
+a second run changes nothing; a bad threshold is refused by promtool and the old file stays."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from simrack import REPO
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(not shutil.which("ansible-playbook"), reason="needs ansible-playbook (pip install -e .[test])"),
+    pytest.mark.skipif(not shutil.which("promtool"), reason="needs promtool (Debian's prometheus package)"),
+]
+RULES = os.path.join(REPO, "monitoring", "prometheus", "rules")
+
+
+def play(tmp, *extra):
+    inv = tmp / "prom.yml"
+    inv.write_text(yaml.safe_dump({"prometheus": {"hosts": {"promhost": {
+        "ansible_connection": "local", "ansible_python_interpreter": "/usr/bin/python3"}}}}))
+    argv = ["ansible-playbook", "-i", os.path.join(REPO, "inventory", "hk"), "-i", str(inv),
+            os.path.join(REPO, "playbooks", "monitoring.yml"),
+            "-e", "hkgpu_monitoring_install=false", "-e", "hkgpu_monitoring_reload=none",
+            "-e", f"hkgpu_monitoring_config_file={tmp / 'prometheus.yml'}",
+            "-e", f"hkgpu_monitoring_dir={tmp / 'hkgpu'}", *extra]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=REPO,
+                          env={**os.environ, "ANSIBLE_CONFIG": os.path.join(REPO, "ansible.cfg"),
+                               "ANSIBLE_NOCOLOR": "1"})
+
+
+def recap(out: str) -> dict:
+    line = next(x for x in out.splitlines() if x.startswith("promhost") and "ok=" in x)
+    return {k: int(v) for k, v in (kv.split("=") for kv in line.split(":", 1)[1].split())}
+
+
+def inventory_nodes():
+    with open(os.path.join(REPO, "inventory", "hk", "hosts.yml")) as f:
+        doc = yaml.safe_load(f)
+    out = {}
+    for site, s in doc["all"]["children"].items():
+        for rack, r in s["children"].items():
+            for host, hv in r["hosts"].items():
+                out[host] = (site, rack, hv["ansible_host"])
+    return out
+
+
+def test_role_renders_checks_and_keeps_a_good_file(tmp_path):
+    targets = tmp_path / "hkgpu" / "targets"
+    targets.mkdir(parents=True)
+    (targets / "node-rack_gone.yml").write_text("[]\n")      # a rack no longer in the inventory
+
+    r = play(tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert not (targets / "node-rack_gone.yml").exists()
+
+    # every inventory node, once per job, in its rack's file with its site, rack and name
+    want = inventory_nodes()
+    assert len(want) == 11
+    for job, port in (("node", 9100), ("triton", 8002)):
+        seen = {}
+        for f in sorted(targets.glob(f"{job}-*.yml")):
+            rack = f.name[len(job) + 1:-4]
+            for group in yaml.safe_load(f.read_text()):
+                (t,) = group["targets"]
+                assert group["labels"]["rack"] == rack
+                seen[group["labels"]["node"]] = (group["labels"]["site"], rack, t)
+        assert seen == {h: (s, rk, f"{a}:{port}") for h, (s, rk, a) in want.items()}, job
+
+    # the repo's rules, and thresholds equal to the shipped file's
+    rules = tmp_path / "hkgpu" / "rules"
+    for f in os.listdir(RULES):
+        if f != "hkgpu-thresholds.yml":
+            assert (rules / f).read_text() == open(os.path.join(RULES, f)).read(), f
+
+    def consts(path):
+        with open(path) as fh:
+            return {x["record"]: float(x["expr"][len("vector("):-1]) for x in yaml.safe_load(fh)["groups"][0]["rules"]}
+    assert consts(rules / "hkgpu-thresholds.yml") == consts(os.path.join(RULES, "hkgpu-thresholds.yml"))
+    c = subprocess.run(["promtool", "check", "config", str(tmp_path / "prometheus.yml")],
+                       capture_output=True, text=True, timeout=60)
+    assert c.returncode == 0 and "SUCCESS: 5 rule files found" in c.stdout, c.stdout + c.stderr
+
+    # again: nothing changes
+    r = play(tmp_path)
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert recap(r.stdout)["changed"] == 0, r.stdout[-3000:]
+
+    # an SLO that is not a number: promtool refuses the rendered file, the play fails, the old file stays
+    before = (rules / "hkgpu-thresholds.yml").read_text()
+    r = play(tmp_path, "-e", '{"hkgpu_monitoring_thresholds": {"slo_triton_p99_seconds": "15ms"}}')
+    assert r.returncode != 0
+    assert "failed to validate" in r.stdout and 'unexpected duration \\"15ms\\"' in r.stdout, r.stdout[-3000:]
+    assert (rules / "hkgpu-thresholds.yml").read_text() == before
