@@ -67,6 +67,8 @@ EXAMPLES = {
     "profiles": "hkgpu-tune profiles show hk-latency",
     "completion": "hkgpu-tune completion bash > /etc/bash_completion.d/hkgpu-tune",
     "man": "hkgpu-tune man > /usr/local/share/man/man1/hkgpu-tune.1",
+    "health": "hkgpu-tune health --json",
+    "export": "hkgpu-tune export --textfile-dir /var/lib/prometheus/node-exporter",
     "baseline": "hkgpu-tune baseline compare before.json after.json --png compare.png",
 }
 
