@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from . import collect as C
+from . import health
 from . import report
 from .errors import HkError
 from .fsutil import atomic_write
@@ -105,6 +106,7 @@ def build(profile, engine, *, probes: bool = False, sources: C.Sources | None = 
         except HkError as e:
             cres.append(C.Result("mtu_probe", False, [], {}, C.one_line(e), time.perf_counter() - t))
     allres = [vres] + cres
+    allres.append(health.from_collectors(profile, cres, results))   # hkgpu_tune_health_status, _check{check}
     from . import __version__
     head = report.to_prometheus(results) if vres.up else ""
     run = [C.Family("hkgpu_tune_info", "gauge", "hkgpu-tune version and profile.",

@@ -130,7 +130,7 @@ def test_cli_writes_the_file_and_reports_json(tmp_path, prof_file):
     assert r.returncode in (0, 2), r.stderr
     doc = json.loads(r.stdout)
     assert doc["command"] == "export" and doc["path"] == str(d / "hkgpu-tune.prom")
-    assert {c["collector"] for c in doc["collectors"]} == {"verify", "nic", "tcp", "gpu", "kmsg"}
+    assert {c["collector"] for c in doc["collectors"]} == {"verify", "nic", "tcp", "gpu", "kmsg", "health"}
     smp = samples((d / "hkgpu-tune.prom").read_text())
     info = [dict(lab) for (n, lab), v in smp.items() if n == "hkgpu_tune_info"][0]
     assert info["profile"] == "exp-test"

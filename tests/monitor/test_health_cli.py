@@ -182,7 +182,7 @@ def test_xid_in_the_critical_set_fails_others_do_not(host):
 
 def test_transitions_run_each_hook_once_with_hold_down(host):
     drain, undrain, mk = host.marker_hooks()
-    host.write_profile(gpus_expected=2, on_unhealthy=[drain, "--now"], on_healthy=[undrain], hold_down_s=1.5)
+    host.write_profile(gpus_expected=2, on_unhealthy=[drain, "--now"], on_healthy=[undrain], hold_down_s=4)
     p, doc = host.run()
     assert p.returncode == 0 and marks(mk) == [] and doc["action"]["transition"] is None
 
@@ -206,11 +206,11 @@ def test_transitions_run_each_hook_once_with_hold_down(host):
     t1 = time.time()                         # the recovery clock starts again here
     p, doc = host.run()
     assert doc["action"]["hook"] is None and len(marks(mk)) == 1
-    time.sleep(max(0.0, 1.6 - (time.time() - t1)))
+    time.sleep(max(0.0, 4.1 - (time.time() - t1)))
     p, doc = host.run()
     assert p.returncode == 0 and doc["action"]["transition"] == "healthy", doc["action"]
     assert marks(mk)[1] == f"{undrain} healthy healthy "
-    assert time.time() - t0 >= 1.5
+    assert time.time() - t0 >= 4
     p, doc = host.run()
     assert doc["action"]["hook"] is None and len(marks(mk)) == 2
     host.set(drop=0)                         # sick again after the hold-down: one more drain
@@ -264,7 +264,7 @@ def test_a_hanging_hook_is_killed_with_its_group_no_orphan(host, trap):
     h = doc["action"]["hook"]
     assert h["timed_out"] and not h["ok"] and h["error"] == "killed after 1 s (hook_timeout_s)"
     assert "started" in h["output"]
-    assert took < 1 + 2 + 5, took       # timeout + TERM grace + start-up
+    assert took < 1 + 2 + 12, took      # timeout + TERM grace + two start-ups on a loaded machine
     child, shell = [int(x) for x in pids.read_text().split()]
     assert h["pid"] == shell
     for pid in (child, shell):

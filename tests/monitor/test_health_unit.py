@@ -146,3 +146,23 @@ def test_hook_env_carries_status_and_failing_checks(tmp_path):
     assert env["HKGPU_HEALTH_FAILING"] == "temperature:gpu1"
     [c] = json.loads(env["HKGPU_HEALTH_FAILING_JSON"])
     assert (c["name"], c["value"], c["threshold"]) == ("temperature", 99, 85.0)
+
+
+def test_export_textfile_carries_health(tmp_path):
+    """The export run (verify + collectors) writes the health families from its own readings:
+    the replayed 8-GPU host has XID 48 on GPU 4 in its kernel log."""
+    import sys
+    from prometheus_client.parser import text_string_to_metric_families
+    from hkgpu_tune import export as X
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    from tests.fixtures.monitor import replay_host as R
+    prof, eng, src = R.host(str(tmp_path / "state"))
+    rep = X.export(prof, str(tmp_path), engine=eng, sources=src)
+    smp = {(s.name, tuple(sorted(s.labels.items()))): s.value
+           for fam in text_string_to_metric_families(open(tmp_path / "hkgpu-tune.prom").read()) for s in fam.samples}
+    assert smp[("hkgpu_tune_health_status", ())] == 1
+    assert smp[("hkgpu_tune_health_check", (("check", "xid"),))] == 1
+    assert smp[("hkgpu_tune_health_check", (("check", "ecc_uncorrected"),))] == 0
+    assert smp[("hkgpu_tune_collector_up", (("collector", "health"),))] == 1
+    h = next(c for c in rep.collectors if c.collector == "health")
+    assert h.data["failing"] == ["xid"] and h.data["gpus"] == 8
