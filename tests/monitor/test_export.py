@@ -187,3 +187,42 @@ def test_a_link_at_the_file_name_is_refused_and_left_alone(tmp_path, prof_file):
     r = cli("--textfile-dir", str(d), "--profile", prof_file)
     assert one_error_line(r) and "link" in r.stderr
     assert target.read_text() == "keep\n" and os.path.islink(d / "hkgpu-tune.prom")
+
+
+@pytest.mark.root
+def test_probes_between_namespaces_in_the_textfile(tmp_path):
+    """--probes: RTT, jitter and loss to a fabric peer and a dead WAN peer, and the MTU probe,
+    from a namespace of the test's own (198.18.x.x), removed afterwards."""
+    if not shutil.which("ping") or not shutil.which("ip"):
+        pytest.skip("needs ping and iproute2")
+    from tests.collect.conftest import Pair
+    p = Pair()
+    try:
+        prof = tmp_path / "p.yaml"
+        prof.write_text(f"""name: probes
+network:
+  interfaces:
+    - match: {{name: {p.a}}}
+      mtu: 1500
+  fabric_peers: [{p.ipb}]
+  wan_peers:
+    - {{address: 198.18.{p.net}.97, name: hk-sg, rtt_ms: 40}}
+  probe: {{gateway: false}}
+""")
+        d = tmp_path / "tf"
+        d.mkdir()
+        r = subprocess.run(["ip", "netns", "exec", p.A, sys.executable, "-m", "hkgpu_tune", "export", "--probes",
+                            "--textfile-dir", str(d), "--profile", str(prof), "--state-dir", str(tmp_path / "st")],
+                           capture_output=True, text=True, cwd=REPO, timeout=120)
+        assert r.returncode in (0, 2), r.stderr
+        smp = samples((d / "hkgpu-tune.prom").read_text())
+    finally:
+        p.remove()
+    fab = (("kind", "fabric"), ("peer", p.ipb))
+    assert 0 < smp[("hkgpu_tune_peer_rtt_seconds", fab + (("quantile", "0.99"),))] < 0.1
+    assert smp[("hkgpu_tune_peer_loss_ratio", fab)] == 0.0 and ("hkgpu_tune_peer_jitter_seconds", fab) in smp
+    wan = (("kind", "wan"), ("peer", "hk-sg"))
+    assert smp[("hkgpu_tune_peer_loss_ratio", wan)] == 1.0 and ("hkgpu_tune_peer_rtt_seconds", wan + (("quantile", "0.5"),)) not in smp
+    assert smp[("hkgpu_tune_peer_rtt_expected_seconds", wan)] == 0.04
+    assert smp[("hkgpu_tune_mtu_probe_ok", (("device", p.a), ("peer", p.ipb)))] == 1
+    assert smp[("hkgpu_tune_collector_up", (("collector", "probe"),))] == 1
