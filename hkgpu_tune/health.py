@@ -233,6 +233,8 @@ def _gpu_checks(cfg: HealthConfig, gpus: list[dict]) -> list[Check]:
             c, m = pcie.get(cur), pcie.get(mx)
             if c is None or m is None:
                 out.append(Check(key, t, SKIPPED, c, m, "NVML reports no PCIe link " + cur))
+            elif cur == "gen" and c < m and "gpu_idle" in (g.get("throttle_reasons") or ()):
+                out.append(Check(key, t, OK, c, m, "idle: a GPU lowers its link generation to save power"))
             else:
                 out.append(Check(key, t, FAILING if c < m else OK, c, m,
                                  f"link {cur} {c} below the maximum {m}" if c < m else ""))

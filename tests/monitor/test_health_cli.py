@@ -129,7 +129,8 @@ def test_healthy_host_exit_0_every_check_with_value_and_threshold(host):
     (dict(drop=1), ["gpu_count"]),
     (dict(gpu=0, raw={"nvmlDeviceGetTemperature": 96}), ["temperature:gpu0"]),
     (dict(gpu=1, pcie={"gen": 5, "max_gen": 5, "width": 8, "max_width": 16}), ["pcie_width:gpu1"]),
-    (dict(gpu=0, pcie={"gen": 3, "max_gen": 5, "width": 16, "max_width": 16}), ["pcie_gen:gpu0"]),
+    (dict(gpu=0, pcie={"gen": 3, "max_gen": 5, "width": 16, "max_width": 16},
+          raw={"nvmlDeviceGetCurrentClocksEventReasons": 0}), ["pcie_gen:gpu0"]),   # busy, not idle
 ])
 def test_each_fault_is_degraded_exit_2(host, fault, expect):
     host.write_profile(gpus_expected=2)
@@ -139,6 +140,21 @@ def test_each_fault_is_degraded_exit_2(host, fault, expect):
     assert doc["status"] == "degraded" and failing(doc) == expect
     c = next(c for c in doc["checks"] if c["status"] == "failing")
     assert c["value"] is not None and "threshold" in c
+
+
+def test_a_lower_link_generation_while_idle_is_not_a_fault(host):
+    host.write_profile()
+    # nvmlDeviceGetCurrentClocksEventReasons: nvmlClocksEventReasonGpuIdle (0x1)
+    host.set(gpu=0, pcie={"gen": 1, "max_gen": 5, "width": 16, "max_width": 16},
+             raw={"nvmlDeviceGetCurrentClocksEventReasons": 1})
+    p, doc = host.run("--no-hooks")
+    assert p.returncode == 0, doc
+    c = next(c for c in doc["checks"] if c["name"] == "pcie_gen" and c["target"] == "gpu0")
+    assert (c["status"], c["value"], c["threshold"]) == ("ok", 1, 5) and "idle" in c["reason"]
+    host.set(gpu=0, pcie={"gen": 5, "max_gen": 5, "width": 4, "max_width": 16},
+             raw={"nvmlDeviceGetCurrentClocksEventReasons": 1})
+    p, doc = host.run("--no-hooks")
+    assert p.returncode == 2 and failing(doc) == ["pcie_width:gpu0"]      # a narrower link is never power saving
 
 
 def test_ecc_at_threshold_is_ok_over_is_failing(host):
