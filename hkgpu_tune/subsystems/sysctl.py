@@ -168,7 +168,6 @@ class Plugin(Subsystem):
         for r in res:   # the plan shows how a derived buffer size was reached
             if r.key in self._why:
                 r.reason = f"{r.reason}; {self._why[r.key]}" if r.reason else self._why[r.key]
-                r.data = {**r.data, "derivation": self._why[r.key]}
         return res
 
     def _unsupported_value(self, s) -> str:

@@ -1,0 +1,123 @@
+"""Capture's parts on their own: a missing iperf3, the engine benchmark here, serve, delay/jitter."""
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from hkgpu_tune.baseline import capture, engine_bench, iperf, settings
+from hkgpu_tune.profile import parse_profile_text
+
+from .netns import Bed, sh
+
+
+@pytest.mark.skipif(not shutil.which("ping"), reason="ping is not installed (iputils-ping)")
+def test_missing_iperf3_is_one_line_and_the_rest_is_measured(monkeypatch):
+    monkeypatch.setattr(iperf, "exe", lambda: None)
+    prof = parse_profile_text("network:\n  fabric_peers: [127.0.0.1]\nbaseline:\n  quick: {ping_count: 10, ping_interval_ms: 20}\n")
+    snap, problems = capture.capture(prof, quick=True, engine=False)
+    assert problems == [iperf.MISSING]
+    assert [(t["direction"], t["error"]) for t in snap["throughput"]] == [("send", iperf.MISSING), ("receive", iperf.MISSING)]
+    (row,) = snap["latency"]
+    assert row["peer"] == "127.0.0.1" and row["received"] == 10 and row["error"] is None
+    assert snap["baseline_format"] == 1 and "retrans_segs" in snap["counters"]["tcp"]
+
+
+def test_engine_benchmark_without_gpu_is_unsupported_with_the_reason():
+    r = engine_bench.run(settings.Engine(), quick=False)
+    if importlib.util.find_spec("torch") is None:
+        assert r == {"status": "unsupported",
+                     "reason": "no trtexec (TensorRT is not installed); torch is not installed"}
+    else:
+        assert r["status"] in ("ok", "unsupported")
+        if r["status"] == "unsupported":
+            assert r["reason"].endswith("torch sees no CUDA GPU")
+    assert engine_bench.run(settings.Engine(), quick=True)["status"] == "skipped"
+
+
+def test_trtexec_export_times_are_read(tmp_path, monkeypatch):
+    """trtexec's --exportTimes JSON (one object per inference, latencyMs) -> img/s and latency;
+    a fake trtexec stands in (TensorRT cannot be installed here), writing that file."""
+    fake = tmp_path / "trtexec"
+    fake.write_text("#!/bin/sh\nfor a; do case $a in --exportTimes=*) f=${a#--exportTimes=};; esac; done\n"
+                    "printf '[{\"latencyMs\": 2.0}, {\"latencyMs\": 2.5}, {\"latencyMs\": 3.0}]' > $f\n")
+    fake.chmod(0o755)
+    plan = tmp_path / "m.plan"
+    plan.write_bytes(b"x")
+    monkeypatch.setattr("hkgpu_tune.triton.tensorrt.trtexec_path", lambda: str(fake))
+    r = engine_bench.run(settings.Engine(batch=8, seconds=5, plan=str(plan)), quick=False)
+    assert r["status"] == "ok" and r["tool"] == "trtexec" and len(r["img_s"]) == 5
+    assert r["img_s"][0] == pytest.approx(8 * 1000 / 2.5) and r["latency_p50_ms"] == 2.5
+    fake.write_text("#!/bin/sh\necho '[E] engine deserialization failed' >&2\nexit 1\n")
+    r = engine_bench.run(settings.Engine(plan=str(plan)), quick=False)
+    assert r == {"status": "error", "tool": "trtexec", "reason": "trtexec exited 1: [E] engine deserialization failed"}
+
+
+def test_baseline_profile_section_errors_name_the_key(tmp_path):
+    f = tmp_path / "p.yaml"
+    f.write_text("baseline:\n  quick: {ping_count: 0}\n")
+    p = subprocess.run([sys.executable, "-m", "hkgpu_tune", "baseline", "capture", "-p", str(f), "--out",
+                        str(tmp_path / "s.json")], capture_output=True, text=True)
+    assert p.returncode == 1 and p.stderr == f"hkgpu-tune: error: {f}:2: baseline.quick.ping_count: expected an integer 1-1000, got 0\n"
+    assert not (tmp_path / "s.json").exists()
+
+
+@pytest.mark.root
+def test_serve_is_bounded_and_a_port_in_use_is_one_line():
+    if not shutil.which("iperf3"):
+        pytest.skip("iperf3 is not installed (scripts/apt-packages.txt)")
+    bed = Bed("s", port=5312)
+    try:
+        bed.serve(seconds=30)
+        p = subprocess.run(["ip", "netns", "exec", bed.peer, sys.executable, "-m", "hkgpu_tune", "baseline", "serve",
+                            "--port", "5312", "--seconds", "5"], capture_output=True, text=True, timeout=30)
+        assert p.returncode == 1
+        assert p.stderr.splitlines()[-1].startswith("hkgpu-tune: error: iperf3 -s on port 5312 exited with 1: ")
+        assert "Address already in use" in p.stderr
+        # a bounded one: gone after its time, its iperf3 with it
+        p = subprocess.run(["ip", "netns", "exec", bed.peer, sys.executable, "-m", "hkgpu_tune", "baseline", "serve",
+                            "--port", "5313", "--seconds", "1"], capture_output=True, text=True, timeout=30)
+        assert p.returncode == 0 and ":5313 " not in sh("ss", "-ltnH", ns=bed.peer).stdout
+        bed.server.terminate()        # SIGTERM: serve stops its iperf3 before it exits
+        bed.server.wait(timeout=10)
+        assert ":5312 " not in sh("ss", "-ltnH", ns=bed.peer).stdout
+    finally:
+        bed.close()
+
+
+def _netem_missing() -> str:
+    if os.geteuid() != 0 or not shutil.which("tc"):
+        return "needs root and tc"
+    sh("ip", "netns", "add", "hkbl-netemprobe", check=False)
+    try:
+        p = sh("tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms", ns="hkbl-netemprobe", check=False)
+        return "" if p.returncode == 0 else (
+            "this kernel has no netem qdisc (sch_netem), so no delay or jitter can be added to a link here: "
+            "the RTT and jitter statistics are tested on recorded ping output instead (test_compare.py)")
+    finally:
+        sh("ip", "netns", "del", "hkbl-netemprobe", check=False)
+
+
+@pytest.mark.root
+@pytest.mark.slow
+def test_added_delay_and_jitter_are_flagged(tmp_path):
+    why = _netem_missing()
+    if why:
+        pytest.skip(why)
+    bed = Bed("n", port=5314)
+    try:
+        prof = bed.profile(tmp_path / "p.yaml")
+        bed.serve()
+        a = bed.hk("baseline", "capture", "-p", prof, "--quick", "--out", str(tmp_path / "a.json"))
+        assert a.returncode == 0, a.stderr
+        sh("tc", "qdisc", "add", "dev", "hkbl1", "root", "netem", "delay", "20ms", "5ms", ns=bed.peer)
+        bed.hk("baseline", "capture", "-p", prof, "--quick", "--out", str(tmp_path / "b.json"))
+        c = bed.hk("baseline", "compare", str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--json")
+        assert c.returncode == 2
+        import json
+        rows = {m["key"]: m for m in json.loads(c.stdout)["metrics"]}
+        assert rows["rtt p50 wan sg"]["regressed"] and rows["jitter wan sg"]["regressed"]
+    finally:
+        bed.close()
