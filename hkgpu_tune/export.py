@@ -60,11 +60,15 @@ def check_dir(d: str) -> None:
         raise HkError(f"{d}: textfile directory is not writable (permissions, or a read-only file system)")
 
 
-def profile_sha256(profile) -> str:
+def profile_sha256(profile, path=None) -> str:
+    """sha256 of the profile file's bytes: `path` (the CLI passes the file it resolved), else the
+    profile's own path (the default profile carries only its shipped file's name)."""
+    from .profile import default_profile_path, read_profile_file
+    if path is None:
+        path = default_profile_path() if str(profile.path) == default_profile_path().name else profile.path
     try:
-        from .profile import read_profile_file, resolve_profile
-        return hashlib.sha256(read_profile_file(resolve_profile(profile.path)).encode()).hexdigest()
-    except Exception:  # noqa: BLE001 - a shipped name or an in-memory profile: hash the name
+        return hashlib.sha256(read_profile_file(path).encode()).hexdigest()
+    except Exception:  # noqa: BLE001 - an in-memory profile: hash its name
         return hashlib.sha256(str(profile.path).encode()).hexdigest()
 
 
@@ -89,7 +93,7 @@ def _mtu_probe(engine) -> list[C.Family]:
 
 
 def build(profile, engine, *, probes: bool = False, sources: C.Sources | None = None,
-          now: float | None = None) -> ExportReport:
+          now: float | None = None, profile_file=None) -> ExportReport:
     """Run verify and the collectors; the text of the file, not yet written."""
     t0 = time.perf_counter()
     src = sources or C.Sources()
@@ -111,7 +115,7 @@ def build(profile, engine, *, probes: bool = False, sources: C.Sources | None = 
     head = report.to_prometheus(results) if vres.up else ""
     run = [C.Family("hkgpu_tune_info", "gauge", "hkgpu-tune version and profile.",
                     [({"version": __version__, "profile": profile.name or str(profile.path),
-                       "profile_sha256": profile_sha256(profile)}, 1)]),
+                       "profile_sha256": profile_sha256(profile, profile_file)}, 1)]),
            C.Family("hkgpu_tune_last_run_timestamp_seconds", "gauge", "When the export ran (Unix time).",
                     [({}, round(time.time() if now is None else now, 3))])]
     body = C.to_textfile(allres)
@@ -124,7 +128,7 @@ def build(profile, engine, *, probes: bool = False, sources: C.Sources | None = 
 
 
 def export(profile, directory: str | None = None, *, probes: bool = False, engine=None,
-           sources: C.Sources | None = None, state_dir: str | None = None) -> ExportReport:
+           sources: C.Sources | None = None, state_dir: str | None = None, profile_file=None) -> ExportReport:
     """Check the directory first (nothing is collected into a place that cannot take it), then
     build and write DIR/hkgpu-tune.prom atomically; the previous file stays on any error."""
     d = textfile_dir(directory)
@@ -132,7 +136,7 @@ def export(profile, directory: str | None = None, *, probes: bool = False, engin
     if engine is None:
         from .engine import Engine
         engine = Engine(profile, state_dir=state_dir)
-    rep = build(profile, engine, probes=probes, sources=sources)
+    rep = build(profile, engine, probes=probes, sources=sources, profile_file=profile_file)
     rep.path = os.path.join(d, FILE_NAME)
     atomic_write(rep.path, rep.text, mode=0o644)
     return rep

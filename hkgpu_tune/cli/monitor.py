@@ -23,7 +23,9 @@ def run_export(ctx: Context) -> int:
     from ..export import check_dir, export, textfile_dir
     a = ctx.args
     check_dir(textfile_dir(a.textfile_dir))   # before the profile and the engine: fail fast
-    rep = export(ctx.profile, a.textfile_dir, probes=a.probes, engine=ctx.engine)
+    from ..profile import resolve_profile
+    rep = export(ctx.profile, a.textfile_dir, probes=a.probes, engine=ctx.engine,
+                 profile_file=resolve_profile(a.profile))
     code = EXIT_DRIFT if rep.failures or rep.down else EXIT_OK
     if ctx.json:
         data = {"path": rep.path, "seconds": round(rep.seconds, 4), "series": rep.series,

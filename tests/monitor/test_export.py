@@ -226,3 +226,16 @@ network:
     assert smp[("hkgpu_tune_peer_rtt_expected_seconds", wan)] == 0.04
     assert smp[("hkgpu_tune_mtu_probe_ok", (("device", p.a), ("peer", p.ipb)))] == 1
     assert smp[("hkgpu_tune_collector_up", (("collector", "probe"),))] == 1
+
+
+@pytest.mark.parametrize("arg", [None, "hk-latency"])
+def test_info_hashes_the_shipped_profile_file_not_its_name(tmp_path, arg):
+    """The default profile is loaded by name: its sha256 is the shipped file's, whatever the cwd."""
+    from hkgpu_tune.profile import PROFILE_DIR, DEFAULT_PROFILE
+    d = tmp_path / "tf"
+    d.mkdir()
+    r = cli("--textfile-dir", str(d), "--state-dir", str(tmp_path / "st"), *(["--profile", arg] if arg else []))
+    assert r.returncode in (0, 2), r.stderr
+    info = [dict(lab) for (n, lab), v in samples((d / "hkgpu-tune.prom").read_text()).items() if n == "hkgpu_tune_info"][0]
+    with open(os.path.join(PROFILE_DIR, f"{arg or DEFAULT_PROFILE}.yaml"), "rb") as f:
+        assert info["profile_sha256"] == hashlib.sha256(f.read()).hexdigest()
