@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import sys
 import time
 
 from ..errors import HkError
@@ -98,10 +99,13 @@ def _backends():
     return Backends()  # NVML for the GPU's name (plan cache key) and the placement
 
 
-def _out(ctx: Context, doc: dict, text: str, profile=True) -> None:
+def _out(ctx: Context, doc: dict, text: str, profile=True, header=True) -> None:
+    """JSON in the envelope, or the text after the line naming the profile."""
     if ctx.json:
         ctx.dump(doc, profile)
     else:
+        if profile is True and header:
+            ctx.header()
         print(text)
 
 
@@ -137,7 +141,9 @@ def run_unit(ctx: Context) -> int:
         b.close()
     if ctx.json:
         ctx.dump({"unit": unit})
-    else:
+    else:   # a unit file: the profile as a comment
+        from ..profile import SOURCES
+        print(f"# hkgpu-tune triton unit: profile {ctx.profile.label} ({SOURCES.get(ctx.profile.source)})")
         print(unit, end="")
     return EXIT_OK
 
@@ -150,7 +156,12 @@ def run_command(ctx: Context) -> int:
         argv = launch.command(t, launch.placement(t, b))
     finally:
         b.close()
-    _out(ctx, {"argv": argv, "env": launch.server_env(t) if t.launch == "binary" else {}}, shlex.join(argv))
+    if not ctx.json:   # stdout is the command line itself (for $(...)): the profile goes to stderr
+        from ..profile import SOURCES
+        print(f"triton command: profile {ctx.profile.label} ({SOURCES.get(ctx.profile.source)})",
+              file=sys.stderr)
+    _out(ctx, {"argv": argv, "env": launch.server_env(t) if t.launch == "binary" else {}}, shlex.join(argv),
+         header=False)
     return EXIT_OK
 
 
@@ -229,6 +240,8 @@ def run_sweep(ctx: Context) -> int:
         d = os.path.dirname(os.path.abspath(a.png))
         if not os.path.isdir(d) or not os.access(d, os.W_OK):
             raise HkError(f"--png {a.png}: {d} is not a directory this user can write")
+    if not ctx.json:
+        ctx.header()
     say = (lambda m: None) if ctx.json else (lambda m: print(m, flush=True))
     rep = sweep.run(t, name, grid, slo, a.budget_s, duration_s=a.duration_s, processes=a.processes, shm=a.shm,
                     log=say)
@@ -246,7 +259,7 @@ def run_sweep(ctx: Context) -> int:
         lines.append(f"best: {rep.best.label}: {b['img_s']:.0f} img/s, p99 {b['p99_ms']:.2f} ms <= {slo:g} ms")
     if doc.get("written"):
         lines.append(f"wrote the best config into {doc['written']}")
-    _out(ctx, doc, "\n".join(lines))
+    _out(ctx, doc, "\n".join(lines), header=False)
     if bad:
         raise HkError(bad)
     return EXIT_OK

@@ -118,7 +118,8 @@ def test_gate_fails_with_the_figures_under_an_impossible_slo(server):
                         "--p99-ms", "0.001", "--requests", "16", "--concurrency", "4"],
                        capture_output=True, text=True, timeout=120)
     assert p.returncode == 1, p.stderr
-    assert p.stdout.startswith("gate FAILED: doubler: p99 latency ") and "over the SLO of 0.001 ms" in p.stdout
+    assert p.stdout.startswith("triton gate: profile ")   # then the verdict on a line of its own
+    assert "\ngate FAILED: doubler: p99 latency " in p.stdout and "over the SLO of 0.001 ms" in p.stdout
 
 
 def test_verify_ok_then_a_changed_served_config_is_drift(server, tmp_path):
@@ -265,7 +266,8 @@ def test_cli_start_gate_stop(tmp_path):
         p = hk("start", "--no-gate")
         assert p.returncode == 0 and "(already running)" in p.stdout
         p = hk("stop")
-        assert p.returncode == 0 and p.stdout.startswith("stopped (SIGTERM"), p.stdout + p.stderr
+        assert p.returncode == 0 and p.stdout.startswith("triton stop: profile "), p.stdout + p.stderr
+        assert "\nstopped (SIGTERM" in p.stdout, p.stdout + p.stderr
         assert ours(tmp_path) == []
     finally:
         launch.stop(load_profile(path).section("triton"))
