@@ -332,7 +332,6 @@ def test_every_metric_the_rules_and_dashboard_name_is_exported(stack):
     and node_* name the rules and the dashboard use is in Prometheus, but for these, which this
     stack cannot have."""
     absent_here = {
-        "hkgpu_tune_health_status": "written by `hkgpu-tune health`, not by the export",
         "hkgpu_tune_peer_jitter_threshold_seconds": "the profile has no jitter threshold key yet",
         "nv_gpu_utilization": "Triton's GPU metrics: no GPU here",
     }
