@@ -354,7 +354,10 @@ def check(profile, cfg: HealthConfig | None = None, *, nvml=None, gpus=None, gpu
         extra = []
     checks += extra
     n = len(gpus) if gpus is not None else None
-    if cfg.gpus_expected is not None:
+    if cfg.gpus_expected is None and n is None and profile is not None and profile.section("gpu") is not None:
+        checks.append(Check("gpu_count", "", FAILING, None, "the GPUs of the gpu: section",
+                            "NVML cannot list the GPUs: " + "; ".join(c.reason for c in extra)))
+    elif cfg.gpus_expected is not None:
         if n is None:
             checks.append(Check("gpu_count", "", FAILING, None, cfg.gpus_expected,
                                 "NVML cannot list the GPUs: " + "; ".join(c.reason for c in extra)))

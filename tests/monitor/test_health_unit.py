@@ -92,6 +92,8 @@ def test_no_nvml_is_healthy_unless_gpus_are_expected():
     assert r.status == "healthy" and [c.status for c in r.checks] == ["skipped"]
     r = health.check(prof("health: {xids: [], gpus_expected: 1}\n"), nvml=nv)
     assert r.status == "degraded" and r.failing_names() == ["gpu_count"]
+    r = health.check(prof("gpu: {persistence: true}\nhealth: {xids: []}\n"), nvml=nv)   # a GPU node by its profile
+    assert r.status == "degraded" and r.failing_names() == ["gpu_count"] and "libnvidia-ml" in r.failing[0].reason
 
 
 def test_families_and_textfile():
