@@ -123,9 +123,10 @@ def limit_main(args) -> None:
     from hkgpu_tune.triton.torch_model import TorchEngine
     import torch
     batches = [int(b) for b in args.limit_batches.split(",")]
+    opts = json.loads(args.engine_opts or "{}")
     t0 = time.monotonic()
-    eng = TorchEngine(args.model, batches, device="cuda:0")
-    out = {"capture_s": round(time.monotonic() - t0, 1), "batches": {}}
+    eng = TorchEngine(args.model, batches, device="cuda:0", log=print, **opts)
+    out = {"capture_s": round(time.monotonic() - t0, 1), "compile_s": eng.compile_s, "engine": opts, "batches": {}}
     for b in batches:
         for _ in range(5):
             eng.run_device(b)
@@ -149,9 +150,20 @@ def limit_main(args) -> None:
     print("LIMIT " + json.dumps(out), flush=True)
 
 
+def engine_opts(args) -> dict:
+    """The served model's engine settings (the profile's build and config parameters), for the limit."""
+    from hkgpu_tune.triton.torch_model import engine_options
+    m = triton_section(args.profile).model(args.model)
+    params = {k: v.get("string_value", "") for k, v in m.config.get("parameters", {}).items()}
+    opts = engine_options(params, m.inputs[0]["data_type"])
+    opts.pop("compile_budget_s", None)
+    return opts
+
+
 def run_limit(args) -> dict:
     p = subprocess.run([sys.executable, __file__, "--limit-only", "--model", args.model,
-                        "--limit-batches", args.limit_batches, "--limit-seconds", str(args.limit_seconds)],
+                        "--limit-batches", args.limit_batches, "--limit-seconds", str(args.limit_seconds),
+                        "--engine-opts", json.dumps(engine_opts(args))],
                        capture_output=True, text=True, timeout=300)
     for ln in p.stdout.splitlines():
         if ln.startswith("LIMIT "):
@@ -271,7 +283,7 @@ def run_tuned(args, workdir: str, res: dict) -> None:
         spent = 0.0
         for i, (mps, grid) in enumerate(runs):
             budget = (args.sweep_budget_s - spent) / (len(runs) - i)
-            rep = sweep.run(t, args.model, grid, args.slo_ms, budget, duration_s=args.sweep_seconds,
+            rep = sweep.run(t, args.model, grid, args.select_p99_ms, budget, duration_s=args.sweep_seconds,
                             processes=args.processes, shm=args.shm, log=log, verbose=True)
             spent += rep.seconds
             if merged is None:
@@ -334,8 +346,10 @@ def chart(rec: dict, path: str) -> None:
         if p["loads"]:
             a.plot([r["p99_ms"] for r in p["loads"]], [r["img_s"] for r in p["loads"]], marker="o", ms=3, lw=1,
                    label=p["label"])
-    if sw.get("slo_ms"):
-        a.axvline(sw["slo_ms"], color="red", ls="--", lw=1, label=f"SLO {sw['slo_ms']:g} ms")
+    if rec.get("slo_ms"):
+        a.axvline(rec["slo_ms"], color="red", ls="--", lw=1, label=f"SLO {rec['slo_ms']:g} ms")
+    if sw.get("slo_ms") and sw["slo_ms"] != rec.get("slo_ms"):
+        a.axvline(sw["slo_ms"], color="orange", ls=":", lw=1, label=f"chosen within p99 {sw['slo_ms']:g} ms")
     if sw.get("best") and sw["best"].get("best"):
         b = sw["best"]["best"]
         a.scatter([b["p99_ms"]], [b["img_s"]], s=200, facecolors="none", edgecolors="black", lw=2, zorder=5,
@@ -397,6 +411,9 @@ def main() -> int:
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--quick", action="store_true", help="short loads and a small sweep (smoke test)")
     ap.add_argument("--slo-ms", type=float, default=15.0)
+    ap.add_argument("--select-p99-ms", type=float, default=13.5,
+                    help="the sweep picks the best load with p99 within this (a margin under --slo-ms, so a "
+                         "re-run on a slower machine of the same kind stays under the SLO)")
     ap.add_argument("--no-naive", action="store_true")
     ap.add_argument("--no-limit", action="store_true")
     ap.add_argument("--no-mps", dest="mps", action="store_false")
@@ -405,21 +422,22 @@ def main() -> int:
                     help="inputs in system shared memory (default) or binary HTTP bodies")
     ap.add_argument("--processes", type=int, default=6)
     ints = lambda v: [int(x) for x in v.split(",")]  # noqa: E731
-    ap.add_argument("--max-batch", type=ints, default=[32, 64])
+    ap.add_argument("--max-batch", type=ints, default=[32])
     ap.add_argument("--delay-us", type=ints, default=[200])
-    ap.add_argument("--instances", type=ints, default=[2],
+    ap.add_argument("--instances", type=ints, default=[0],
                     help="instance counts swept without MPS (0: none, where MPS runs)")
-    ap.add_argument("--mps-instances", type=ints, default=[4, 8], help="instance counts swept with MPS")
-    ap.add_argument("--concurrency", type=ints, default=[32, 64, 96, 128])
+    ap.add_argument("--mps-instances", type=ints, default=[8, 12], help="instance counts swept with MPS")
+    ap.add_argument("--concurrency", type=ints, default=[56, 64, 72, 80, 96])
     ap.add_argument("--concurrency-final", type=int, default=0, help="default: the sweep's best level")
-    ap.add_argument("--sweep-budget-s", type=float, default=270)
+    ap.add_argument("--sweep-budget-s", type=float, default=200)
     ap.add_argument("--sweep-seconds", type=float, default=3)
     ap.add_argument("--final-seconds", type=float, default=15)
-    ap.add_argument("--naive-seconds", type=float, default=10)
+    ap.add_argument("--naive-seconds", type=float, default=8)
     ap.add_argument("--naive-concurrency", type=int, default=8)
     ap.add_argument("--limit-batches", default="32,64,128,256")
-    ap.add_argument("--limit-seconds", type=float, default=3)
+    ap.add_argument("--limit-seconds", type=float, default=2)
     ap.add_argument("--limit-only", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--engine-opts", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.limit_only:
         limit_main(args)
@@ -431,7 +449,8 @@ def main() -> int:
         args.concurrency, args.limit_seconds = args.concurrency[:2], 1
     os.makedirs(args.out, exist_ok=True)
     rec = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "command": "python3 bench/serve_h200.py " + " ".join(sys.argv[1:]), **versions()}
+           "command": "python3 bench/serve_h200.py " + " ".join(sys.argv[1:]), **versions(),
+           "slo_ms": args.slo_ms, "select_p99_ms": args.select_p99_ms}
     rec["settings_before"] = sh("nvidia-smi", f"--query-gpu={SETTINGS}", "--format=csv")
     log(f"{rec['gpu']}, driver {rec['driver']}, CUDA {rec['cuda']}, torch {rec['torch']}")
     workdir = "/tmp/hkgpu-bench"
@@ -442,7 +461,8 @@ def main() -> int:
         if not args.no_limit:
             rec["limit"] = run_limit(args)
             log(f"in-process limit: {rec['limit']['limit_img_s']:.0f} img/s at batch {rec['limit']['limit_batch']} "
-                f"(graphs captured in {rec['limit']['capture_s']} s): {rec['limit']['batches']}")
+                f"(compiled in {rec['limit']['compile_s']} s, ready with graphs in {rec['limit']['capture_s']} s, "
+                f"engine {rec['limit']['engine']}): {rec['limit']['batches']}")
         args.naive_rate = None
         if not args.no_naive:
             rec["naive"] = run_naive(args)

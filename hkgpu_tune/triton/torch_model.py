@@ -45,6 +45,9 @@ COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 INPUT_TYPES = {"FP16": np.float16, "FP32": np.float32, "UINT8": np.uint8}
 # measured on an H200 (issue 11): max-autotune took about 4 minutes for ResNet-50 at one batch size
 AUTOTUNE_MIN_BUDGET_S = 300
+# the compiled batch dimension's upper bound: one constant, so engines of any max_batch (the bench's
+# in-process limit, the served model) share inductor's cache
+COMPILE_MAX_BATCH = 1024
 
 
 def engine_options(params: dict, input_type: str = "FP16") -> dict:
@@ -118,6 +121,8 @@ class TorchEngine:
                  num_classes: int = 1000, fold_bn: bool = False, input_type: str = "FP16",
                  compile: bool = False, compile_mode: str = "default", compile_cache_dir: str | None = None,
                  compile_budget_s: float = 60, sync: str = "blocking", log=None):
+        if compile and max(batches) > COMPILE_MAX_BATCH:
+            raise ValueError(f"compile: batches up to {COMPILE_MAX_BATCH} (asked for {max(batches)})")
         if compile:
             if compile_cache_dir:   # before inductor is imported: it reads these once
                 os.environ["TORCHINDUCTOR_CACHE_DIR"] = private_dir(compile_cache_dir)
@@ -168,7 +173,7 @@ class TorchEngine:
             if compile:
                 self.fwd = torch.compile(self._forward, mode=compile_mode)
                 x = self.dev_in[:self.max_batch]
-                torch._dynamo.mark_dynamic(x, 0, min=2, max=self.max_batch)
+                torch._dynamo.mark_dynamic(x, 0, min=2, max=COMPILE_MAX_BATCH)
                 self.fwd(x)
                 torch.cuda.synchronize(self.device)
                 self.compile_s = time.monotonic() - t0

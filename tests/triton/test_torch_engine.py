@@ -93,3 +93,78 @@ def test_verify_shows_the_engine_and_why(tmp_path):
         assert row["status"] == "ok" and "no onnx to build a TensorRT plan from" in row["reason"]
     else:   # this machine: no torch, so the engine cannot run here and verify says so
         assert row["status"] == "unsupported" and "needs torch" in row["reason"], row
+
+
+# ---------------------------------------------------------------- engine options (config parameters)
+from hkgpu_tune.triton.torch_model import AUTOTUNE_MIN_BUDGET_S, engine_options, private_dir  # noqa: E402
+
+
+def test_engine_options_defaults_and_values():
+    o = engine_options({}, "TYPE_FP16")
+    assert (o["fp16"], o["cuda_graphs"], o["fold_bn"], o["compile"], o["sync"], o["input_type"]) == \
+        (True, True, False, False, "blocking", "FP16")
+    o = engine_options({"compile": "true", "compile_cache_dir": "/var/cache/x", "sync": "spin", "fold_bn": "yes",
+                        "compile_budget_s": "90"}, "TYPE_UINT8")
+    assert (o["compile"], o["compile_cache_dir"], o["sync"], o["fold_bn"], o["compile_budget_s"], o["input_type"]) == \
+        (True, "/var/cache/x", "spin", True, 90.0, "UINT8")
+
+
+@pytest.mark.parametrize("params,itype,msg", [
+    ({"fold_bn": "maybe"}, "FP16", "parameter fold_bn: 'maybe' is not true or false"),
+    ({"compile": "true", "compile_mode": "max-autotune-no-cudagraphs"}, "FP16", "compile_budget_s of 300 or more"),
+    ({"compile_mode": "reduce-overhead"}, "FP16", "parameter compile_mode: 'reduce-overhead' is not one of"),
+    ({"compile_cache_dir": "cache"}, "FP16", "is not an absolute path"),
+    ({"compile": "true", "cuda_graphs": "false"}, "FP16", "needs cuda_graphs true"),
+    ({"compile_budget_s": "soon"}, "FP16", "parameter compile_budget_s: 'soon' is not a number"),
+    ({"compile_budget_s": "0"}, "FP16", "outside"),
+    ({"sync": "poll"}, "FP16", "parameter sync: 'poll' is not blocking or spin"),
+    ({}, "TYPE_INT64", "input data_type INT64: the torch engine takes FP16, FP32, UINT8"),
+])
+def test_engine_options_refuse_what_the_engine_cannot_use(params, itype, msg):
+    with pytest.raises(ValueError) as e:
+        engine_options(params, itype)
+    assert msg in str(e.value)
+
+
+def test_autotune_is_allowed_with_a_budget_that_fits_it():
+    o = engine_options({"compile": "true", "compile_mode": "max-autotune-no-cudagraphs",
+                        "compile_budget_s": str(AUTOTUNE_MIN_BUDGET_S)})
+    assert o["compile_mode"] == "max-autotune-no-cudagraphs"
+
+
+def test_compile_cache_dir_is_private(tmp_path):
+    d = tmp_path / "cache"
+    assert private_dir(str(d)) == str(d) and (d.stat().st_mode & 0o777) == 0o700
+    d.chmod(0o777)   # others could plant code the engine loads
+    with pytest.raises(ValueError, match="writable by group or others"):
+        private_dir(str(d))
+    (tmp_path / "real").mkdir(mode=0o700)
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    with pytest.raises(ValueError, match="not a directory"):
+        private_dir(str(tmp_path / "link"))
+    (tmp_path / "file").write_text("")
+    with pytest.raises((ValueError, FileExistsError)):
+        private_dir(str(tmp_path / "file"))
+
+
+def test_engine_parameters_from_the_profile_reach_the_rendered_config(tmp_path):
+    text = PROFILE.format(root=tmp_path, build="{torchvision: resnet50}").replace("data_type: FP16, dims", "data_type: UINT8, dims", 1)
+    text += ("      config:\n        parameters:\n          compile: {string_value: \"true\"}\n"
+             "          sync: {string_value: blocking}\n")
+    t = parse_profile_text(text, "p.yaml").section("triton")
+    from hkgpu_tune.triton import render
+    render.write_repository(t)
+    cfg = render.parse_config(open(os.path.join(tmp_path, "models/resnet50/config.pbtxt")).read())
+    params = {k: v["string_value"] for k, v in cfg["parameters"].items()}
+    assert params["compile"] == "true" and params["torchvision"] == "resnet50"
+    o = engine_options(params, cfg["input"][0]["data_type"])   # what the model's initialize does
+    assert o["compile"] and o["input_type"] == "UINT8" and o["sync"] == "blocking"
+
+
+def test_the_bench_profile_serves_the_compiled_uint8_engine():
+    from hkgpu_tune.profile import load_profile
+    m = load_profile(os.path.join(os.path.dirname(__file__), "..", "..", "bench", "h200-resnet50.yaml")) \
+        .section("triton").model("resnet50")
+    params = {k: v["string_value"] for k, v in m.config["parameters"].items()}
+    o = engine_options(params, m.inputs[0]["data_type"])
+    assert o["compile"] and o["input_type"] == "UINT8" and o["compile_cache_dir"].startswith("/")
