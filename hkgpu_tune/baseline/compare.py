@@ -270,14 +270,15 @@ def _fmt(v, unit="") -> str:
     return f"{v:.4g}"
 
 
+def row_cells(r: Row) -> list[str]:
+    """metric, before, after, change, noise, verdict as text."""
+    pct = "-" if r.change_pct is None else f"{r.change_pct:+.1f}%"
+    return [f"{r.key} ({r.unit})", _fmt(r.before, r.unit), _fmt(r.after, r.unit), pct,
+            "-" if r.noise is None else f"±{r.noise:.3g}", r.verdict + (" REGRESSED" if r.regressed else "")]
+
+
 def table_rows(cmp: Comparison) -> list[list[str]]:
-    out = []
-    for r in cmp.rows:
-        pct = "-" if r.change_pct is None else f"{r.change_pct:+.1f}%"
-        verdict = r.verdict + (" REGRESSED" if r.regressed else "")
-        out.append([f"{r.key} ({r.unit})", _fmt(r.before, r.unit), _fmt(r.after, r.unit), pct,
-                    "-" if r.noise is None else f"±{r.noise:.3g}", verdict])
-    return out
+    return [row_cells(r) for r in cmp.rows]
 
 
 COLUMNS = ["metric", "before", "after", "change", "noise", "verdict"]
