@@ -128,7 +128,9 @@ def run_apply(ctx: Context) -> int:
         con = ctx.console
         report.print_changes(rep.changes, (), con, title="applied" if not rep.error else "attempted")
         if rep.error:
-            ctx.line(("error:", "red"), f" {rep.error}" + (" (rolled back)" if rep.rolled_back else ""))
+            # the report on stdout, the error on stderr: one whole line
+            print(f"error: {' '.join(str(rep.error).split())}" + (" (rolled back)" if rep.rolled_back else ""),
+                  file=sys.stderr)
         else:
             for p in persisted:
                 ctx.line(f"persisted: {p}")
@@ -170,5 +172,5 @@ def run_rollback(ctx: Context) -> int:
         for f in rep.forgotten:
             ctx.line(("forgotten:", "yellow"), f" {f}")
         for e in rep.errors:
-            ctx.line(("error:", "red"), f" {e}")
+            print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
     return EXIT_ERROR if rep.errors else EXIT_OK
