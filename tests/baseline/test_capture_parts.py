@@ -121,3 +121,20 @@ def test_added_delay_and_jitter_are_flagged(tmp_path):
         assert rows["rtt p50 wan sg"]["regressed"] and rows["jitter wan sg"]["regressed"]
     finally:
         bed.close()
+
+
+@pytest.mark.gpu
+def test_torch_engine_benchmark_on_a_gpu():
+    """On the GPU machine: the torch engine in rounds, img/s and latency (skipped without one)."""
+    torch = pytest.importorskip("torch", reason="torch is not installed (the GPU machine has it)")
+    if not torch.cuda.is_available():
+        pytest.skip("torch sees no CUDA GPU")
+    r = engine_bench.run(settings.Engine(model="resnet50", batch=32, seconds=3), quick=False)
+    assert r["status"] == "ok" and r["tool"] == "torch", r
+    assert len(r["img_s"]) == engine_bench.ROUNDS and min(r["img_s"]) > 100
+    assert 0 < r["latency_p50_ms"] <= r["latency_p99_ms"] < 1000
+    # what compare makes of it: a rate and a latency metric, each with a spread
+    from hkgpu_tune.baseline import compare
+    from .snapshots import snapshot
+    m = compare.metrics(compare.Snapshot("x", snapshot(engine=r)))
+    assert len(m["engine torch resnet50 b32 img/s"].samples) == 5
