@@ -81,6 +81,8 @@ def test_playbook_on_a_simulated_rack(tmp_path):
         base = tmp_path / "bl"
         common = ["rack", "baseline", "-i", inv, "-e", f"hkgpu_baseline_dir={base}", "-e", f"hkgpu_baseline_cli={cli}",
                   "-e", f"hkgpu_baseline_profile={prof}", "-e", "hkgpu_baseline_quick=true",
+                  # SSH control sockets of this run only: another simulated rack had these addresses
+                  "-e", f"ansible_control_path_dir={tmp_path}/cp",
                   "-e", f"hkgpu_baseline_remote_dir={run}/{{{{ inventory_hostname }}}}/var/lib/hkgpu-tune/baseline"]
         p = hk(*common, "-e", "hkgpu_baseline_label=before")
         assert p.returncode == 0, p.stdout + p.stderr
