@@ -29,12 +29,21 @@ def _delta(before: dict, after: dict, keys) -> dict:
             if isinstance(before.get(k), int) and isinstance(after.get(k), int)}
 
 
+def _ping_missing() -> bool:
+    import shutil
+    return shutil.which("ping") is None and not os.path.exists("/usr/bin/ping")
+
+
 def ping_all(profile, counts: settings.Counts, tolerance_pct: float) -> tuple[list[dict], list[str]]:
     """Every fabric and WAN peer at once: `ping_count` echoes each, bounded in time."""
     from ..collect import probe
     peers = probe.peers(profile)
     if not peers:
         return [], []
+    if _ping_missing():
+        why = "ping is not installed (Debian package iputils-ping): no RTT measured"
+        return [{"peer": n, "kind": k, "address": a, "expected_rtt_ms": e, "error": why, "rtts_ms": []}
+                for n, k, a, e in peers], [why]
     interval = counts.ping_interval_ms / 1000
     if os.geteuid() != 0 and interval < 0.2:
         interval = 0.2            # iputils refuses faster intervals to non-root users

@@ -25,6 +25,14 @@ def test_missing_iperf3_is_one_line_and_the_rest_is_measured(monkeypatch):
     assert snap["baseline_format"] == 1 and "retrans_segs" in snap["counters"]["tcp"]
 
 
+def test_missing_ping_is_one_line(monkeypatch):
+    monkeypatch.setattr(capture, "_ping_missing", lambda: True)
+    prof = parse_profile_text("network:\n  wan_peers: [198.18.0.9, 198.18.0.10]\n")
+    rows, problems = capture.ping_all(prof, settings.Settings().quick, 25)
+    assert problems == ["ping is not installed (Debian package iputils-ping): no RTT measured"]
+    assert [r["error"] for r in rows] == problems * 2
+
+
 def test_engine_benchmark_without_gpu_is_unsupported_with_the_reason():
     r = engine_bench.run(settings.Engine(), quick=False)
     if importlib.util.find_spec("torch") is None:
