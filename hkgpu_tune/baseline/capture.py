@@ -151,11 +151,20 @@ def capture(profile, quick: bool = False, engine: bool = True) -> tuple[dict, li
     if bench.get("status") == "error":
         problems.append(f"engine benchmark: {bench.get('reason')}")
     timings["total"] = round(time.monotonic() - t_all, 3)
-    data = {"baseline_format": FORMAT, "quick": quick, "counts": counts.__dict__,
+    data = {"baseline_format": FORMAT, "quick": quick, "boot_id": _boot_id(), "counts": counts.__dict__,
             "iperf3_streams": cfg.iperf3_streams, "facts": facts, "latency": latency,
             "throughput": tput, "counters": counters, "kernel": kernel, "gpu": gpu, "engine": bench,
             "problems": problems, "timings_s": timings}
     return report.envelope(COMMAND, data, profile), problems
+
+
+def _boot_id() -> str | None:
+    """Kernel event counts are since boot: compare needs to know whether a reboot came between."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read(64).strip() or None
+    except OSError:
+        return None
 
 
 def _facts(profile) -> dict:

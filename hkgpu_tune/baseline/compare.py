@@ -259,6 +259,11 @@ def compare(before: Snapshot, after: Snapshot, cfg: settings.Settings | None = N
             row.verdict, row.noise = stats.verdict(b.samples or [vb], a.samples or [va], m.better, (vb, va))
             row.regressed = row.verdict == stats.WORSE and thr.passed(vb, va)
         cmp.rows.append(row)
+    bb, ba = before.doc.get("boot_id"), after.doc.get("boot_id")
+    if bb and ba and bb != ba:
+        for row in cmp.rows:
+            if row.kind == "kernel_events":
+                row.reason = "rebooted in between: each count is since its own boot"
     return cmp
 
 

@@ -182,3 +182,18 @@ def test_thresholds_from_the_profile(tmp_path):
     prof.write_text("baseline:\n  thresholds:\n    throughputs: {pct: 25}\n")
     p = hk("baseline", "compare", a, b, "--profile", str(prof))
     assert p.returncode == 1 and f"{prof}:3: baseline.thresholds.throughputs: unknown key; did you mean 'throughput'?" in p.stderr
+
+
+def test_kernel_events_since_boot_and_a_reboot_between(tmp_path):
+    before, after = snapshot(), snapshot()
+    after["kernel"]["events"] = [{"kind": "xid", "device": "0000:3b:00", "xid": 79, "line": "NVRM: Xid 79", "time": 1.0},
+                                 {"kind": "xid", "device": "0000:3b:00", "xid": 79, "line": "NVRM: Xid 79", "time": 2.0}]
+    a, b = write(tmp_path / "a.json", before), write(tmp_path / "b.json", after)
+    doc = json.loads(hk("baseline", "compare", a, b, "--json").stdout)
+    xid = {m["key"]: m for m in doc["metrics"]}["kernel xid events"]
+    assert (xid["before"], xid["after"], xid["regressed"], xid["reason"]) == (0, 2, True, "")
+    before["boot_id"], after["boot_id"] = "b1", "b2"
+    a, b = write(tmp_path / "a.json", before), write(tmp_path / "b.json", after)
+    doc = json.loads(hk("baseline", "compare", a, b, "--json").stdout)
+    xid = {m["key"]: m for m in doc["metrics"]}["kernel xid events"]
+    assert xid["regressed"] and xid["reason"] == "rebooted in between: each count is since its own boot"
