@@ -128,7 +128,8 @@ def metrics(snap: Snapshot) -> dict[str, Metric]:
         out[f"throughput {peer} {direction}"] = Metric(
             f"throughput {peer} {direction}", "throughput", "Gbit/s", "higher", ivals if len(ivals) > len(rates) else rates,
             value=statistics.fmean(rates) if rates else None, error=err and str(err))
-        rts = [r.get("retransmits") for r in runs if isinstance(r.get("retransmits"), int)]
+        rts = [r.get("retransmits") for r in runs
+               if isinstance(r.get("retransmits"), int) and not isinstance(r.get("retransmits"), bool)]
         if rts:
             out[f"retransmits {peer} {direction}"] = Metric(f"retransmits {peer} {direction}", "retransmits",
                                                             "segments/run", "lower", [float(x) for x in rts])
@@ -152,15 +153,19 @@ def metrics(snap: Snapshot) -> dict[str, Metric]:
     if isinstance(nic, dict) and "error" not in nic:
         for dev, c in nic.items():
             c = _row(c, f"{p}: counters.nic.{dev}")
-            bad = sum(int(c.get(k) or 0) for k in ("rx_dropped", "tx_dropped", "rx_errors", "tx_errors"))
+            bad = sum(_num(c.get(k), f"{p}: counters.nic.{dev}.{k}") or 0
+                      for k in ("rx_dropped", "tx_dropped", "rx_errors", "tx_errors"))
             out[f"nic drops+errors {dev}"] = Metric(f"nic drops+errors {dev}", "nic_drops", "packets", "lower",
                                                     [float(bad)])
     tcp = d["counters"].get("tcp")
-    if isinstance(tcp, dict) and isinstance(tcp.get("out_segs"), int) and isinstance(tcp.get("retrans_segs"), int):
+    if isinstance(tcp, dict) and all(isinstance(tcp.get(k), int) and not isinstance(tcp.get(k), bool)
+                                     for k in ("out_segs", "retrans_segs")):
         ratio = tcp["retrans_segs"] / tcp["out_segs"] if tcp["out_segs"] > 0 else 0.0
         out["tcp retransmitted/sent"] = Metric("tcp retransmitted/sent", "tcp_retrans_ratio", "ratio", "lower", [ratio])
     if not d["kernel"].get("error"):
         evs = d["kernel"].get("events") or []
+        if not isinstance(evs, list):
+            raise SnapshotError(f"{p}: kernel.events: expected a list")
         for kind in ("xid", "link_flap", "nic_reset"):
             n = sum(1 for e in evs if isinstance(e, dict) and e.get("kind") == kind)
             out[f"kernel {kind} events"] = Metric(f"kernel {kind} events", "kernel_events", "since boot", "lower",

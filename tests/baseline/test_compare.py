@@ -197,3 +197,30 @@ def test_kernel_events_since_boot_and_a_reboot_between(tmp_path):
     doc = json.loads(hk("baseline", "compare", a, b, "--json").stdout)
     xid = {m["key"]: m for m in doc["metrics"]}["kernel xid events"]
     assert xid["regressed"] and xid["reason"] == "rebooted in between: each count is since its own boot"
+
+
+def _set(doc, path, value):
+    cur = doc
+    for k in path[:-1]:
+        cur = cur[k]
+    cur[path[-1]] = value
+    return doc
+
+
+@pytest.mark.parametrize("path, value, key", [
+    (("counters", "nic", "eth1", "rx_dropped"), "many", "counters.nic.eth1.rx_dropped: expected a number, got str"),
+    (("kernel", "events"), 5, "kernel.events: expected a list"),
+    (("engine",), {"status": "ok", "img_s": "fast"}, "engine.img_s: expected a list of numbers"),
+    (("throughput", 0, "runs"), "x", "throughput[0].runs: expected a list"),
+    (("throughput", 0), "x", "throughput[0]: expected a mapping"),
+    (("throughput", 0, "runs", 0, "gbit"), [1], "throughput[0].runs[0].gbit: expected a number, got list"),
+    (("latency", 0, "p50_ms"), "1", "latency[0].p50_ms: expected a number, got str"),
+    (("throughput", 0, "runs", 0, "intervals_gbit"), {"a": 1}, "throughput[0].runs[0].intervals_gbit: expected a list of numbers"),
+])
+def test_wrong_shapes_inside_a_snapshot_are_one_line(tmp_path, path, value, key):
+    good = write(tmp_path / "good.json", snapshot())
+    bad = write(tmp_path / "bad.json", _set(snapshot(), path, value))
+    for args in ((good, bad), (bad, good)):
+        p = hk("baseline", "compare", *args)
+        assert p.returncode == 1 and p.stdout == "", p.stderr
+        assert p.stderr == f"hkgpu-tune: error: {bad}: {key}\n"
