@@ -12,6 +12,7 @@ The profile itself is input: the caller parses it with hkgpu_tune.profile.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import uuid
 from dataclasses import dataclass
@@ -153,7 +154,7 @@ def links(host) -> list[dict]:
             continue
         name = ln["ifname"]
         by_name[name] = ln
-        host.want(f"ethtool -i {shlex.quote(name)}", f"test -e /sys/class/net/{shlex.quote(name)}/device")
+        host.want(f"ethtool -i {shlex.quote(name)}")
         names.append(name)
     for name in names:
         ln = by_name[name]
@@ -161,8 +162,7 @@ def links(host) -> list[dict]:
                     if ": " in line)
         out.append({"name": name, "macs": {ln.get("address", "").lower(), ln.get("permaddr", "").lower()} - {""},
                     "driver": info.get("driver") or None, "pci": info.get("bus-info") or None,
-                    "default_route": name in default,
-                    "pci_device": host.run(f"test -e /sys/class/net/{shlex.quote(name)}/device").rc == 0})
+                    "default_route": name in default})
     return out
 
 
@@ -321,7 +321,10 @@ def network_checks(host, net) -> list[Check]:
 
 
 def irq_checks(host, aff) -> list[Check]:
-    devs, out, pinned = [d for d in links(host) if d["pci_device"]], [], []
+    # NICs on a PCI device (ethtool's bus-info): virtual links have no interrupts to pin
+    pci = re.compile(r"([0-9a-f]{4}:)?[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+    devs = [d for d in links(host) if d["pci"] and pci.fullmatch(d["pci"])]
+    out, pinned = [], []
     online = cpus(_out(host, "cat /sys/devices/system/cpu/online"))
     for rule in aff.nics:
         found = matching(rule.match, devs)
@@ -330,7 +333,7 @@ def irq_checks(host, aff) -> list[Check]:
                 raise AssertionError(f"no PCI network interface matches {m}")
             out.append(Check("affinity", f"match {rule.match.describe()}", "irq_affinity", rule.irq_cpus, none))
         for d in found:
-            base = f"/sys/class/net/{d['name']}/device"
+            base = f"/sys/bus/pci/devices/{d['pci']}"
             irqs = sorted(int(x) for x in host.run(f"ls {base}/msi_irqs").stdout.split() if x.isdigit())
             if rule.irq_cpus == "local":
                 want = cpus(host.cat(f"{base}/local_cpulist") or "") & online or online
