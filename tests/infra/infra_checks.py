@@ -384,34 +384,56 @@ def irq_checks(host, aff) -> list[Check]:
 GPU_QUERY = "index,persistence_mode,compute_mode,power.limit,clocks.applications.graphics,clocks.applications.memory"
 
 
-def gpu_checks(gpu) -> list[Check]:
+SMI = f"nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader,nounits"
+
+
+def gpu_rows(host) -> dict[int, dict] | None:
+    """{index: {persistence_mode, compute_mode, ...}} from nvidia-smi; None without nvidia-smi."""
+    r = host.run(SMI)
+    if r.rc != 0:
+        return None
+    keys = GPU_QUERY.split(",")
+    rows = [dict(zip(keys, (c.strip() for c in line.split(",")))) for line in r.stdout.splitlines() if line.strip()]
+    return {int(x["index"]): x for x in rows}
+
+
+def gpu_checks(host, gpu) -> list[Check]:
+    """One check per GPU per setting (per setting when the host shows no GPU: skipped, saying why)."""
     wanted = [(k, getattr(gpu, k)) for k in ("persistence", "compute_mode", "power_limit_w", "application_clocks")
               if getattr(gpu, k, None) is not None]
+    rows = gpu_rows(host)
+    if rows is None:
+        def none(host):
+            pytest.skip("no nvidia-smi on this host (no GPU or driver)")
+        return [Check("gpu", "gpu", k, v, none) for k, v in wanted]
 
-    def make(key, want):
+    def make(idx, key, want):
         def run(host):
-            if not host.exists("nvidia-smi"):
-                pytest.skip("no nvidia-smi on this host (no GPU or driver)")
-            rows = [[c.strip() for c in line.split(",")] for line in
-                    _out(host, f"nvidia-smi --query-gpu={GPU_QUERY} --format=csv,noheader,nounits").splitlines()]
-            for idx, pm, cm, pl, sm, mem in rows:
-                if gpu.gpus is not None and int(idx) not in gpu.gpus:
-                    continue
-                if key == "persistence" and (pm == "Enabled") != want:
-                    _fail(f"gpu{idx} persistence", pm, want)
-                if key == "compute_mode" and cm.lower() != str(want).lower():
-                    _fail(f"gpu{idx} compute_mode", cm, want)
-                if key == "power_limit_w" and round(float(pl)) != int(want):
-                    _fail(f"gpu{idx} power limit (W)", pl, want)
-                if key == "application_clocks" and (int(sm), int(mem)) != (want.sm, want.mem):
-                    _fail(f"gpu{idx} application clocks", f"{sm},{mem}", f"{want.sm},{want.mem}")
-        return Check("gpu", "gpus", key, want, run)
-    return [make(k, v) for k, v in wanted]
+            row = (gpu_rows(host) or {}).get(idx)
+            if row is None:
+                _fail(f"gpu{idx}", None, key, "nvidia-smi no longer shows this GPU")
+            if key == "persistence":
+                if (row["persistence_mode"] == "Enabled") != want:
+                    _fail(f"gpu{idx} persistence", row["persistence_mode"], "Enabled" if want else "Disabled")
+            elif key == "compute_mode":
+                if row["compute_mode"].lower() != str(want).lower():
+                    _fail(f"gpu{idx} compute_mode", row["compute_mode"], want)
+            elif key == "power_limit_w":
+                pl = _num(row["power.limit"].split(".")[0])
+                if pl != int(want):
+                    _fail(f"gpu{idx} power limit (W)", row["power.limit"], want)
+            else:
+                cur = (row["clocks.applications.graphics"], row["clocks.applications.memory"])
+                if cur != (str(want.sm), str(want.mem)):
+                    _fail(f"gpu{idx} application clocks (MHz)", ",".join(cur), f"{want.sm},{want.mem}")
+        return Check("gpu", f"gpu{idx}", key, want, run)
+    idxs = sorted(rows) if gpu.gpus is None else list(gpu.gpus)
+    return [make(i, k, v) for i in idxs for k, v in wanted]
 
 
 def mps_checks(mps) -> list[Check]:
     def daemon(host):
-        if not host.exists("nvidia-smi"):
+        if gpu_rows(host) is None:
             pytest.skip("no nvidia-smi on this host (no GPU or driver)")
         running = bool(host.run("pgrep -x nvidia-cuda-mps-control").stdout.split())
         if running != mps.enabled:
@@ -432,7 +454,7 @@ def plan(host, profile) -> list[Check]:
     if profile.section("affinity"):
         out += irq_checks(host, profile.section("affinity"))
     if profile.section("gpu"):
-        out += gpu_checks(profile.section("gpu"))
+        out += gpu_checks(host, profile.section("gpu"))
     if profile.section("mps"):
         out += mps_checks(profile.section("mps"))
     for name in sorted(set(profile.sections) - {"sysctl", "network", "affinity", "gpu", "mps"}):
