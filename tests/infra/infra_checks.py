@@ -265,6 +265,12 @@ def offload_check(host, dev: str, short: str, want: bool) -> Check:
     return Check("ethtool", dev, short, want, run)
 
 
+def _handle(text: str) -> tuple[int, int]:
+    """tc's 'MAJOR:MINOR' (hex, either may be empty) -> (major, minor)"""
+    a, _, b = text.partition(":")
+    return int(a or "0", 16), int(b or "0", 16)
+
+
 def qdisc_checks(host, dev: str, kind: str) -> list[Check]:
     n = tx_queues(host, dev)
     host.want(f"tc -j qdisc show dev {shlex.quote(dev)}")
@@ -283,8 +289,9 @@ def qdisc_checks(host, dev: str, kind: str) -> list[Check]:
         def queue(host, i=i):
             all_ = qdiscs(host)
             r = [x for x in all_ if x.get("root")]
-            major = r[0]["handle"].split(":")[0] if r else "?"
-            cur = [x["kind"] for x in all_ if x.get("parent") == f"{major}:{i:x}"]
+            major = _handle(r[0]["handle"])[0] if r else None
+            # the kernel's own mq is 0: and tc shows its queues as ":1", ":2", ...
+            cur = [x["kind"] for x in all_ if "parent" in x and _handle(x["parent"]) == (major, i)]
             if cur != [kind]:
                 _fail(f"{dev} queue {i} qdisc", cur or None, kind)
         checks.append(Check("qdisc", dev, f"queue {i}", kind, queue))
