@@ -146,3 +146,24 @@ def test_torch_engine_benchmark_on_a_gpu():
     from .snapshots import snapshot
     m = compare.metrics(compare.Snapshot("x", snapshot(engine=r)))
     assert len(m["engine torch resnet50 b32 img/s"].samples) == 5
+
+
+def test_out_that_is_a_link_or_in_no_directory_is_one_line(tmp_path):
+    """No peers: a capture of counters and facts only; the snapshot path is checked like every file
+    the tool writes (atomic_write: a link there is refused, its target untouched)."""
+    prof = tmp_path / "p.yaml"
+    prof.write_text("sysctl: {}\n")
+    target = tmp_path / "target"
+    target.write_text("keep")
+    (tmp_path / "link.json").symlink_to(target)
+    for out, msg in ((tmp_path / "link.json", "refusing to replace it: it is a link"),
+                     (tmp_path / "nodir" / "s.json", f"no such directory {tmp_path / 'nodir'}")):
+        p = subprocess.run([sys.executable, "-m", "hkgpu_tune", "baseline", "capture", "-p", str(prof), "--quick",
+                            "--out", str(out)], capture_output=True, text=True)
+        assert p.returncode == 1 and msg in p.stderr and len(p.stderr.splitlines()) == 1, p.stderr
+    assert target.read_text() == "keep"
+    p = subprocess.run([sys.executable, "-m", "hkgpu_tune", "baseline", "capture", "-p", str(prof), "--quick",
+                        "--out", str(tmp_path / "s.json"), "--json"], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    import json
+    assert json.loads(p.stdout) == json.loads((tmp_path / "s.json").read_text())
