@@ -15,8 +15,9 @@ COLLECTION = os.path.join("collections", "ansible_collections", "hkgpu", "tune")
 
 @pytest.mark.skipif(not shutil.which("ansible-lint"), reason="ansible-lint is not installed (pip install -e .[test])")
 def test_ansible_lint_production():
-    r = subprocess.run(["ansible-lint", "--offline", "--profile", "production", "--nocolor", "roles/", "playbooks/",
-                        COLLECTION + "/"],
+    # the collection is built from this tree, not published to Galaxy: it has no repository URL
+    r = subprocess.run(["ansible-lint", "--offline", "--profile", "production", "--nocolor",
+                        "--skip-list", "galaxy[no-repository]", "roles/", "playbooks/", COLLECTION + "/"],
                        capture_output=True, text=True, cwd=REPO, timeout=300,
                        env={**os.environ, "ANSIBLE_CONFIG": os.path.join(REPO, "ansible.cfg")})
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
