@@ -432,6 +432,53 @@ def _user_ids(name: str):
     return pw.pw_uid, pw.pw_gid, pw.pw_dir
 
 
+def _may(st: os.stat_result, uid: int, gids: set[int], bits: int) -> bool:
+    """Whether uid (with groups gids) has the permission bits (4 read, 1 search) by the mode
+    (POSIX ACLs are not read)."""
+    if uid == 0:
+        return True
+    mode = st.st_mode >> 6 if st.st_uid == uid else st.st_mode >> 3 if st.st_gid in gids else st.st_mode
+    return mode & bits == bits
+
+
+def check_user_access(t, user: str) -> None:
+    """The server runs as `user`: every path it reads (the model repository, the backends, the
+    binary and, for the wheel, its libraries and PYTHONPATH) must be reachable by that user, or the
+    unit fails with only "failed to stat file" in the journal. Raises naming the directory that
+    blocks (e.g. a repository inside the 0700 state directory)."""
+    uid, gid, _ = _user_ids(user)
+    gids = {gid} | {g.gr_gid for g in grp.getgrall() if user in g.gr_mem}
+    paths = [t.model_repository, backend_directory(t), server_binary(t)]
+    for k in ("LD_LIBRARY_PATH", "PYTHONPATH"):
+        paths += [p for p in server_env(t).get(k, "").split(":") if p]
+    for path in paths:
+        path = os.path.abspath(path)
+        parts = [p for p in path.split("/") if p]
+        for i in range(len(parts) + 1):
+            cur = "/" + "/".join(parts[:i])
+            try:
+                st = os.stat(cur)
+            except OSError:
+                break   # a path that is not there is reported by what needs it
+            last = i == len(parts)
+            bits = (4 | 1) if not last or os.path.isdir(cur) else 4
+            if not _may(st, uid, gids, bits):
+                owner = f"{pwd.getpwuid(st.st_uid).pw_name if _known_uid(st.st_uid) else st.st_uid}"
+                hint = (", e.g. triton.model_repository: /var/lib/hkgpu-triton/models"
+                        if path in (os.path.abspath(t.model_repository), os.path.abspath(backend_directory(t))) else "")
+                raise HkError(f"triton: the server runs as {user}, who cannot "
+                              f"{'read' if last else 'reach'} {path}: {cur} is mode {st.st_mode & 0o7777:04o} "
+                              f"owned by {owner} (put it where {user} can read it{hint}; nothing was started)")
+
+
+def _known_uid(uid: int) -> bool:
+    try:
+        pwd.getpwuid(uid)
+        return True
+    except KeyError:
+        return False
+
+
 def start(t, backends=None, place: dict | None = None) -> dict:
     """Start the service (no-op if it runs). Returns status() plus the argv and log path."""
     backends = _b(backends)
@@ -447,7 +494,11 @@ def start(t, backends=None, place: dict | None = None) -> dict:
     _check_repository(t)
     render.repository_state(t)  # re-checks config.pbtxt against the schema
     place = place if place is not None else placement(t, backends)
-    if supervisor(t, backends) == "systemd":
+    sup = supervisor(t, backends)
+    user = t.user or (DEFAULT_USER if sup == "systemd" else None)
+    if t.launch == "binary" and user:
+        check_user_access(t, user)
+    if sup == "systemd":
         check_ports(t)
         install_unit(t, backends, place)
         _b(backends).systemd.enable(unit_name(t), now=True)

@@ -57,9 +57,12 @@ def test_systemd_status_through_systemctl(tmp_path):
     assert not launch.status(t, b)["active"]
 
 
-def test_start_under_systemd_installs_the_unit_and_enables_it(tmp_path):
+def test_start_under_systemd_installs_the_unit_and_enables_it(tmp_path, monkeypatch):
     _, t = plugin(tmp_path)
     b, cmd = systemd(tmp_path)
+    # the unit's user (the default, triton-server, absent here) is checked first: test_launch_access.py
+    checked = []
+    monkeypatch.setattr(launch, "check_user_access", lambda t, user: checked.append(user))
     from hkgpu_tune.triton import render
     render.write_repository(t)
     place = {"cpus": [0], "mems": [], "numa_node": None, "source": "test"}
@@ -67,6 +70,7 @@ def test_start_under_systemd_installs_the_unit_and_enables_it(tmp_path):
     assert st["active"] and st["target"] == "hkgpu-triton.service"
     unit = tmp_path / "root" / "etc" / "systemd" / "system" / "hkgpu-triton.service"
     assert unit.read_text() == launch.render_unit(t, place)
+    assert checked == [launch.DEFAULT_USER]
     assert ["daemon-reload"] in cmd.calls and ["enable", "--now", "hkgpu-triton.service"] in cmd.calls
     assert launch.stop(t, b) == {"stopped": True, "how": "systemctl stop", "left": []}
     assert launch.stop(t, b)["how"] == "was not running"

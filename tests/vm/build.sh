@@ -3,6 +3,12 @@
 # iproute2, ping and Debian's cloud kernel (fq_codel built in). The toolkit is not in the image:
 # the hkgpu_install role installs it from the wheelhouse built here (PyPI wheels for the
 # guest's Python 3.11), as it would on a node with no package index.
+# For the launch-form tests (test_triton_vm.py): Debian's podman, crun, netavark (its network
+# stack, unused with --network host but a dependency), libpython3.11 (the
+# Python backend's stub links it), and the nvidia-pytriton wheel (its CPU tritonserver) with what
+# the toolkit's triton subsystem imports, installed into the node's Python (/usr/local), which the
+# toolkit's venv sees (--system-site-packages). No registry: the container image is built inside
+# the VM from its own root filesystem.
 #   tests/vm/build.sh OUTDIR   -> OUTDIR/{disk.img,vmlinuz,initrd.img,id_ed25519,wheelhouse/}
 set -euo pipefail
 OUT=$(realpath -m "${1:?usage: build.sh OUTDIR}")
@@ -17,7 +23,7 @@ MIRROR=$(sed -n 's/^URIs: *\([^ ]*debian\/*\)$/\1/p' /etc/apt/sources.list.d/deb
 [ -n "$MIRROR" ] || MIRROR=$(awk '/^deb /{print $2; exit}' /etc/apt/sources.list)
 
 debootstrap --variant=minbase \
-  --include=systemd-sysv,udev,dbus,openssh-server,python3,python3-venv,ethtool,iproute2,kmod,iputils-ping,linux-image-cloud-amd64,initramfs-tools \
+  --include=systemd-sysv,udev,dbus,openssh-server,python3,python3-venv,ethtool,iproute2,kmod,iputils-ping,linux-image-cloud-amd64,initramfs-tools,podman,crun,netavark,libpython3.11 \
   bookworm "$ROOT" "$MIRROR" >"$OUT/debootstrap.log" 2>&1
 
 # the toolkit's runtime dependencies as wheels for the guest (the role copies them over)
@@ -26,6 +32,15 @@ deps=$(python3 -c 'import tomllib, sys; print(" ".join(tomllib.load(open(sys.arg
 python3 -m pip download -q --disable-pip-version-check --only-binary=:all: --python-version 3.11 \
   --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
   -d "$OUT/wheelhouse" $deps
+
+# the Triton server (CPU) and the triton subsystem's imports, for the guest's Python 3.11
+SITE="$ROOT/usr/local/lib/python3.11/dist-packages"
+plat="--only-binary=:all: --python-version 3.11 --implementation cp --abi cp311 --platform manylinux2014_x86_64
+  --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_35_x86_64"
+python3 -m pip install -q --disable-pip-version-check $plat --target "$SITE" \
+  'numpy<2' 'tritonclient[grpc]' protobuf prometheus-client aiohttp
+python3 -m pip install -q --disable-pip-version-check $plat --no-deps --target "$SITE" nvidia-pytriton
+rm -rf "$SITE/bin"
 
 # system: hostname, fstab, network by MAC (tests/vm/vm.py sets them): the management NIC for
 # SSH (QEMU user network), the data NIC (tap into the test's namespace), owned by networkd
@@ -47,6 +62,6 @@ install -m 600 "$OUT/id_ed25519.pub" "$ROOT/root/.ssh/authorized_keys"
 cp "$(ls "$ROOT"/boot/vmlinuz-* | head -1)" "$OUT/vmlinuz"
 cp "$(ls "$ROOT"/boot/initrd.img-* | head -1)" "$OUT/initrd.img"
 rm -f "$OUT/disk.img"
-mkfs.ext4 -q -F -L root -d "$ROOT" "$OUT/disk.img" 3G
+mkfs.ext4 -q -F -L root -d "$ROOT" "$OUT/disk.img" 5G
 rm -rf "$ROOT"
 echo "vm image built in $OUT"

@@ -1,4 +1,5 @@
-"""The VM test node (tests/vm/vm.py): built once per cache key, booted once per module."""
+"""The VM test node (tests/vm/vm.py): built once per cache key, booted once per test session and
+shared by the modules here in file order (test_node.py, then test_triton_vm.py)."""
 from __future__ import annotations
 
 import os
@@ -38,7 +39,7 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f"{s:8.1f} s  {name}")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def vm(tmp_path_factory):
     # root: the tests are marked root (tests/conftest.py skips them otherwise)
     env_tools_on_path()
