@@ -1,6 +1,6 @@
 """Independent checks of a tuned host, one per setting of its profile.
 
-Each check reads the host with the host's own tools through testinfra (host.sysctl, `ip -j`,
+Each check reads the host with the host's own tools through testinfra (`sysctl -n`, `ip -j`,
 `ethtool`, `tc -j`, /proc/irq, /sys, `nvidia-smi`) and compares with the profile's desired value
 in code of its own. Nothing here uses hkgpu_tune's verify, compare, normalisation, matching or
 backends: a bug there that says "ok" is still caught here (test_independent.py plants one to prove it).
