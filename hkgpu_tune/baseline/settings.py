@@ -59,7 +59,7 @@ THRESHOLDS: dict[str, Threshold] = {
     "jitter": Threshold(pct=50, abs=0.5),     # ms
     "loss": Threshold(abs=0.01),              # ratio (1 point)
     "nic_drops": Threshold(abs=100),          # packets dropped or errored during the capture
-    "tcp_retrans_ratio": Threshold(abs=0.001),  # retransmitted / sent segments during the capture
+    "tcp_retrans_ratio": Threshold(pct=100, abs=0.005),  # retransmitted/sent segments during the capture
     "kernel_events": Threshold(abs=1),        # XID, link flaps, NIC resets since boot
     "engine_rate": Threshold(pct=10),         # img/s
     "engine_latency": Threshold(pct=15, abs=0.1),  # ms
