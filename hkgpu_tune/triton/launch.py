@@ -222,6 +222,9 @@ def render_unit(t, place: dict | None = None) -> str:
         lines.append(f"ExecStartPre=-{shutil.which(t.runtime) or t.runtime} rm --force {t.unit}")
         lines.append("ExecStart=" + shlex.join(argv))
         lines.append(f"ExecStop={t.runtime} stop --time {int(t.gate.stop_timeout_s)} {t.unit}")
+        # systemd ends the foreground `run` once ExecStop returns, before its --rm has removed the
+        # container: an exited container was left behind (seen with podman on the VM test node)
+        lines.append(f"ExecStopPost=-{shutil.which(t.runtime) or t.runtime} rm --force {t.unit}")
         lines += ["NoNewPrivileges=yes", "PrivateTmp=yes", "ProtectHome=yes"]
     lines += ["LimitMEMLOCK=infinity", "LimitNOFILE=1048576", "LimitSTACK=67108864"]
     if place.get("cpus"):

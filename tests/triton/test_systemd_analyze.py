@@ -94,7 +94,11 @@ def test_triton_binary_unit(tmp_path):
 def test_triton_container_unit(tmp_path, runtime):
     t = triton(tmp_path, launch="container", image="localhost/tritonserver:test", runtime=runtime, gpu=0,
                unit=f"hkgpu-triton-{runtime}")
-    other, missing = analyze(tmp_path, {f"hkgpu-triton-{runtime}.service": launch.render_unit(t, PLACE)})
+    text = launch.render_unit(t, PLACE)
+    # the container goes with the service: removed after stop, not left exited (tests/vm saw it)
+    assert any(x.startswith("ExecStopPost=-") and x.endswith(f"{runtime} rm --force hkgpu-triton-{runtime}")
+               for x in text.splitlines()), text
+    other, missing = analyze(tmp_path, {f"hkgpu-triton-{runtime}.service": text})
     assert other == []
     assert missing <= {runtime}, missing    # only when this host has no such runtime
 

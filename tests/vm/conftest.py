@@ -61,3 +61,10 @@ def vm(tmp_path_factory):
     finally:
         with Stage("shutdown and clean-up"):
             m.stop()
+
+
+@pytest.fixture(scope="session")
+def wheel_dir(tmp_path_factory):
+    """Where the hkgpu_install role builds the toolkit's wheel: one per session, so that a later
+    module finds the node's install stamp (the wheel's checksum) and does not reinstall."""
+    return str(tmp_path_factory.mktemp("wheels"))

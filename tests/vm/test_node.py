@@ -41,9 +41,9 @@ def node_vars(vm, wheels: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def node(vm, tmp_path_factory):
+def node(vm, tmp_path_factory, wheel_dir):
     inv = vm.inventory(str(tmp_path_factory.mktemp("ansible") / "hosts.yml"))
-    return {"inventory": inv, "extra": node_vars(vm, str(tmp_path_factory.mktemp("wheels")))}
+    return {"inventory": inv, "extra": node_vars(vm, wheel_dir)}
 
 
 def playbook(node, action: str):

@@ -50,9 +50,9 @@ GATE = {"ready_timeout_s": READY_S, "warmup_requests": 4, "load": {"requests": 3
 
 
 @pytest.fixture(scope="module")
-def node(vm, tmp_path_factory):
+def node(vm, tmp_path_factory, wheel_dir):
     inv = vm.inventory(str(tmp_path_factory.mktemp("ansible-triton") / "hosts.yml"))
-    extra = {"hkgpu_install_source": REPO, "hkgpu_install_wheel_dir": str(tmp_path_factory.mktemp("wheels-triton")),
+    extra = {"hkgpu_install_source": REPO, "hkgpu_install_wheel_dir": wheel_dir,
              "hkgpu_install_wheelhouse": os.path.join(vm.dir, "wheelhouse"),
              "hkgpu_triton_files": [{"src": os.path.join(REPO, "tests", "triton", "data", "doubler.py"),
                                      "dest": MODEL_ON_NODE}],
@@ -131,22 +131,24 @@ def test_systemd_unit_serves_the_cpu_model(vm, node, stage):
 def build_image(vm) -> int:
     """The node's own root filesystem as an image (no kernel, no container storage, no toolkit
     venv), with the server laid out as in NVIDIA's image: /opt/tritonserver/bin on PATH and the
-    Python backend (with the stub for this Python) in /opt/tritonserver/backends."""
+    Python backend (with the stub for this Python) in /opt/tritonserver/backends. Returns its size."""
     wheel = f"{SITE}/pytriton/tritonserver"
     excl = " ".join(f"--exclude=./{d}" for d in (
         "boot", "usr/lib/modules", "usr/lib/firmware", "var/lib/containers", "var/cache", "var/lib/apt", "var/tmp",
         "var/log", "opt/hkgpu-tune", "root", "home", "usr/share/doc", "usr/share/man", "usr/share/locale",
-        "etc/ssh", "var/lib/hkgpu-tune", "etc/hkgpu-tune"))
+        "etc/ssh", "var/lib/hkgpu-tune", "var/lib/hkgpu-triton", "var/lib/hkgpu-podman", "etc/hkgpu-tune",
+        # the node's own tools that the server does not use (less to import under emulation)
+        "usr/bin/podman", "usr/lib/podman", "usr/lib/udev", f"{SITE[1:]}/grpc", f"{SITE[1:]}/ml_dtypes"))
     script = f"""set -e
-x=$(mktemp -d)
-mkdir -p $x/opt/tritonserver/bin $x/opt/tritonserver/backends/python
-ln -s {wheel}/bin/tritonserver $x/opt/tritonserver/bin/tritonserver
+o=/opt/tritonserver
+rm -rf $o && mkdir -p $o/bin $o/backends/python
+ln -s {wheel}/bin/tritonserver $o/bin/tritonserver
 cp {wheel}/backends/python/libtriton_python.so {wheel}/backends/python/triton_python_backend_utils.py \\
-   {wheel}/python_backend_stubs/3.11/triton_python_backend_stub $x/opt/tritonserver/backends/python/
-tar -C / --one-file-system {excl} -cf - . -C $x opt | podman import \\
+   {wheel}/python_backend_stubs/3.11/triton_python_backend_stub $o/backends/python/
+tar -C / --one-file-system {excl} -cf - . | podman import \\
   --change 'ENV PATH=/opt/tritonserver/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin' \\
   --change 'ENV LD_LIBRARY_PATH={SITE}/nvidia_pytriton.libs' - {IMAGE} >/dev/null
-rm -rf $x
+rm -rf $o
 podman image inspect --format '{{{{.Size}}}}' {IMAGE}
 """
     p = vm.ssh(script, timeout=900)
