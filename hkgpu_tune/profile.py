@@ -392,6 +392,7 @@ class WanPeer:
     address: str
     name: str = ""
     rtt_ms: float | None = None
+    jitter_ms: float | None = None      # the alert threshold for this peer's jitter
 
 
 @dataclass(frozen=True)
@@ -458,11 +459,14 @@ def parse_network(n: Node) -> Network:
         if isinstance(p.node, yaml.ScalarNode):
             wan.append(WanPeer(p.address()))
             continue
-        pm = p.mapping(("address", "name", "rtt_ms"), required=("address",))
-        rtt = pm["rtt_ms"].value() if "rtt_ms" in pm else None
-        if rtt is not None and (isinstance(rtt, bool) or not isinstance(rtt, (int, float)) or rtt < 0):
-            raise pm["rtt_ms"].error(f"expected a number of milliseconds, got {rtt!r}")
-        wan.append(WanPeer(pm["address"].address(), pm["name"].string() if "name" in pm else "", rtt))
+        pm = p.mapping(("address", "name", "rtt_ms", "jitter_ms"), required=("address",))
+        ms = {}
+        for k in ("rtt_ms", "jitter_ms"):
+            v = pm[k].value() if k in pm else None
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1e6):
+                raise pm[k].error(f"expected a number of milliseconds, got {v!r}")
+            ms[k] = v
+        wan.append(WanPeer(pm["address"].address(), pm["name"].string() if "name" in pm else "", **ms))
     routes = []
     for r in (m["wan_routes"].items() if "wan_routes" in m else []):
         rm = r.mapping(("prefix", "mtu", "via", "dev"), required=("prefix",))

@@ -114,14 +114,9 @@ def probe_peers(profile, count: int = 5, deadline_s: float = 5.0) -> list[tuple[
         return [(name, kind, f.result()) for (name, kind, _, _), f in zip(ps, futs)]
 
 
-def jitter_threshold_ms(profile, kind: str):
-    """The profile's jitter threshold, if a health section sets one (health.jitter_ms or .{kind}_jitter_ms)."""
-    h = profile.section("health") if profile is not None else None
-    for key in (f"{kind}_jitter_ms", "jitter_ms"):
-        v = h.get(key) if isinstance(h, dict) else getattr(h, key, None)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return v
-    return None
+def jitter_thresholds_ms(profile) -> dict[str, float]:
+    """peer name -> the profile's jitter threshold (network.wan_peers[].jitter_ms), where set."""
+    return {p.name or p.address: p.jitter_ms for p in profile.network.wan_peers if p.jitter_ms is not None}
 
 
 def families(profile, results) -> list[Family]:
@@ -129,8 +124,9 @@ def families(profile, results) -> list[Family]:
          Family("hkgpu_tune_peer_jitter_seconds", "gauge", "Mean absolute difference of consecutive RTTs."),
          Family("hkgpu_tune_peer_loss_ratio", "gauge", "Share of probes without a reply."),
          Family("hkgpu_tune_peer_rtt_expected_seconds", "gauge", "The profile's expected RTT (wan_peers[].rtt_ms)."),
-         Family("hkgpu_tune_peer_jitter_threshold_seconds", "gauge", "The profile's jitter threshold.")]
+         Family("hkgpu_tune_peer_jitter_threshold_seconds", "gauge", "The profile's jitter threshold (wan_peers[].jitter_ms).")]
     expected = {name: rtt for name, _, _, rtt in peers(profile)}
+    jitter_max = jitter_thresholds_ms(profile)
     for name, kind, s in results:
         lab = {"peer": name, "kind": kind}
         for q, v in (("0.5", s.p50_ms), ("0.99", s.p99_ms)):
@@ -139,9 +135,8 @@ def families(profile, results) -> list[Family]:
         F[2].samples.append((lab, 1.0 if s.loss_ratio is None else s.loss_ratio))
         if expected.get(name) is not None:
             F[3].samples.append((lab, expected[name] / 1000))
-        thr = jitter_threshold_ms(profile, kind)
-        if thr is not None:
-            F[4].samples.append((lab, thr / 1000))
+        if kind == "wan" and name in jitter_max:
+            F[4].samples.append((lab, jitter_max[name] / 1000))
     return F
 
 

@@ -206,7 +206,7 @@ network:
       mtu: 1500
   fabric_peers: [{p.ipb}]
   wan_peers:
-    - {{address: 198.18.{p.net}.97, name: hk-sg, rtt_ms: 40}}
+    - {{address: 198.18.{p.net}.97, name: hk-sg, rtt_ms: 40, jitter_ms: 8}}
   probe: {{gateway: false}}
 """)
         d = tmp_path / "tf"
@@ -224,6 +224,8 @@ network:
     wan = (("kind", "wan"), ("peer", "hk-sg"))
     assert smp[("hkgpu_tune_peer_loss_ratio", wan)] == 1.0 and ("hkgpu_tune_peer_rtt_seconds", wan + (("quantile", "0.5"),)) not in smp
     assert smp[("hkgpu_tune_peer_rtt_expected_seconds", wan)] == 0.04
+    assert smp[("hkgpu_tune_peer_jitter_threshold_seconds", wan)] == 0.008
+    assert ("hkgpu_tune_peer_jitter_threshold_seconds", fab) not in smp
     assert smp[("hkgpu_tune_mtu_probe_ok", (("device", p.a), ("peer", p.ipb)))] == 1
     assert smp[("hkgpu_tune_collector_up", (("collector", "probe"),))] == 1
 

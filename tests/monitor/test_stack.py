@@ -46,7 +46,7 @@ network:
       mtu: 9000
   fabric_peers: [198.18.0.2]
   wan_peers:
-    - {address: 198.18.0.3, name: wan-test, rtt_ms: 40}
+    - {address: 198.18.0.3, name: wan-test, rtt_ms: 40, jitter_ms: 30}
 """
 # the export as `hkgpu-tune export --probes` runs it, with its documented sources swapped for
 # recordings: NVML replayed from the H200, a kernel log with an XID and a link flap, and the NIC
@@ -332,7 +332,6 @@ def test_every_metric_the_rules_and_dashboard_name_is_exported(stack):
     and node_* name the rules and the dashboard use is in Prometheus, but for these, which this
     stack cannot have."""
     absent_here = {
-        "hkgpu_tune_peer_jitter_threshold_seconds": "the profile has no jitter threshold key yet",
         "nv_gpu_utilization": "Triton's GPU metrics: no GPU here",
     }
     names = set(get(stack["port"], "/api/v1/label/__name__/values")["data"])

@@ -117,6 +117,14 @@ network:
     assert "expected an IP prefix" in err("network:\n  wan_routes: [{prefix: 198.19.0.1/16}]\n")
 
 
+def test_wan_peer_jitter_threshold():
+    p = parse_profile_text("network:\n  wan_peers:\n    - {address: 198.19.1.1, rtt_ms: 35, jitter_ms: 4.5}\n")
+    assert p.network.wan_peers[0].jitter_ms == 4.5
+    assert err("network:\n  wan_peers:\n    - {address: 198.19.1.1, jitter_ms: fast}\n") == \
+        "hk.yaml:3: network.wan_peers[0].jitter_ms: expected a number of milliseconds, got 'fast'"
+    assert "jitter_ms: expected a number" in err("network:\n  wan_peers:\n    - {address: 198.19.1.1, jitter_ms: -1}\n")
+
+
 def test_yaml_syntax_error_and_empty_and_missing(tmp_path):
     assert err("network: [\n").startswith("hk.yaml:2: not valid YAML")
     assert err("") == "hk.yaml:1: the profile is empty"
