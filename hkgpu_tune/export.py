@@ -85,11 +85,16 @@ def _mtu_probe(engine) -> list[C.Family]:
     link = engine.by_name.get("link")
     if link is None:
         return []
-    fam = C.Family("hkgpu_tune_mtu_probe_ok", "gauge", "1 if a don't-fragment ping of the profile's MTU reached the peer.")
+    # one series per (device, peer): a peer that is both fabric (jumbo size) and WAN (1472 bytes) is
+    # probed twice; any failure wins (node_exporter would keep one of two samples, maybe the "1")
+    ok: dict[tuple[str, str], int] = {}
     for r in link.probe():
         if r.key.startswith("path mtu to "):
-            fam.samples.append(({"device": r.target, "peer": r.key[len("path mtu to "):]}, 1 if r.status == "ok" else 0))
-    return [fam]
+            k = (r.target, r.key[len("path mtu to "):])
+            ok[k] = min(ok.get(k, 1), 1 if r.status == "ok" else 0)
+    return [C.Family("hkgpu_tune_mtu_probe_ok", "gauge",
+                     "1 if every don't-fragment ping of the profile's MTU reached the peer.",
+                     [({"device": d, "peer": a}, v) for (d, a), v in ok.items()])]
 
 
 def build(profile, engine, *, probes: bool = False, sources: C.Sources | None = None,

@@ -241,3 +241,38 @@ def test_info_hashes_the_shipped_profile_file_not_its_name(tmp_path, arg):
     info = [dict(lab) for (n, lab), v in samples((d / "hkgpu-tune.prom").read_text()).items() if n == "hkgpu_tune_info"][0]
     with open(os.path.join(PROFILE_DIR, f"{arg or DEFAULT_PROFILE}.yaml"), "rb") as f:
         assert info["profile_sha256"] == hashlib.sha256(f.read()).hexdigest()
+
+
+@pytest.mark.root
+def test_a_peer_both_fabric_and_wan_has_one_mtu_series_and_its_failure_shows(tmp_path):
+    """The same address as a fabric peer (probed at the jumbo MTU: fails, the peer's end is 1500)
+    and a WAN peer (1472 bytes: passes): one hkgpu_tune_mtu_probe_ok{device,peer}, and it is 0."""
+    if not shutil.which("ping") or not shutil.which("ip"):
+        pytest.skip("needs ping and iproute2")
+    from tests.collect.conftest import Pair, sh
+    p = Pair()
+    try:
+        sh("ip", "-n", p.A, "link", "set", p.a, "mtu", "9000")
+        prof = tmp_path / "p.yaml"
+        prof.write_text(f"""name: both
+network:
+  interfaces:
+    - match: {{name: {p.a}}}
+      mtu: 9000
+  fabric_peers: [{p.ipb}]
+  wan_peers:
+    - {{address: {p.ipb}, name: same-box}}
+  probe: {{gateway: false}}
+""")
+        d = tmp_path / "tf"
+        d.mkdir()
+        r = subprocess.run(["ip", "netns", "exec", p.A, sys.executable, "-m", "hkgpu_tune", "export", "--probes",
+                            "--textfile-dir", str(d), "--profile", str(prof), "--state-dir", str(tmp_path / "st")],
+                           capture_output=True, text=True, cwd=REPO, timeout=120)
+        assert r.returncode in (0, 2), r.stderr
+        text = (d / "hkgpu-tune.prom").read_text()
+    finally:
+        p.remove()
+    mtu = [ln for ln in text.splitlines() if ln.startswith("hkgpu_tune_mtu_probe_ok{")]
+    assert mtu == [f'hkgpu_tune_mtu_probe_ok{{device="{p.a}",peer="{p.ipb}"}} 0'], mtu
+    samples(text)   # no duplicate series anywhere
