@@ -274,13 +274,10 @@ def _xid_checks(cfg: HealthConfig, events: list[dict] | None, err: str | None) -
 
 
 def read_kmsg() -> tuple[list[dict] | None, str | None]:
-    """XID events since boot; a file named by HKGPU_TUNE_KMSG_REPLAY stands in for the kernel log."""
+    """XID events since boot (a file named by HKGPU_TUNE_KMSG_REPLAY stands in for the kernel log:
+    collect.kmsg.events)."""
     from .collect import kmsg
     try:
-        replay = os.environ.get("HKGPU_TUNE_KMSG_REPLAY")
-        if replay:
-            with open(replay, encoding="utf-8", errors="replace") as f:
-                return kmsg.events(f.read(STATE_MAX).splitlines()), None
         return kmsg.events(), None
     except Exception as e:  # noqa: BLE001 - one line, the check reports it
         return None, f"{type(e).__name__}: {e}" if not isinstance(e, HkError) else str(e)

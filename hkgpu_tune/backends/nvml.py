@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import threading
 from types import SimpleNamespace
 
@@ -371,6 +372,21 @@ class ReplayLib:
 
     def nvmlDeviceGetRetiredPagesPendingStatus(self, h):
         return self._get("nvmlDeviceGetRetiredPagesPendingStatus")
+
+
+ENV_REPLAY = "HKGPU_TUNE_NVML_REPLAY"
+
+
+def replay_from_env() -> "ReplayNvml | None":
+    """A recorded host in place of the real NVML when $HKGPU_TUNE_NVML_REPLAY names its facts JSON
+    (tests, hosts without a GPU); `health` and `export` both read it through here."""
+    path = os.environ.get(ENV_REPLAY)
+    if not path:
+        return None
+    try:
+        return ReplayNvml(path)
+    except (OSError, ValueError, AttributeError) as e:
+        raise HkError(f"{path}: cannot read the NVML replay ({ENV_REPLAY}): {e}") from None
 
 
 class ReplayNvml:

@@ -3,12 +3,8 @@ hooks once per transition. Exit 0 healthy, 2 degraded, 1 error."""
 from __future__ import annotations
 
 import json
-import os
 
 from .context import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, Context, nonempty
-
-# a recorded host instead of the real NVML (tests, hosts without a GPU): the facts JSON ReplayNvml reads
-ENV_NVML_REPLAY = "HKGPU_TUNE_NVML_REPLAY"
 
 
 def add_parser(sub) -> None:
@@ -21,27 +17,13 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run_health)
 
 
-def nvml_from_env():
-    path = os.environ.get(ENV_NVML_REPLAY)
-    if not path:
-        return None
-    from ..backends.nvml import ReplayNvml
-    from ..errors import HkError
-    try:
-        return ReplayNvml(path)
-    except (OSError, ValueError, AttributeError) as e:
-        raise HkError(f"{path}: cannot read the NVML replay ({ENV_NVML_REPLAY}): {e}") from None
-
-
 def run_health(ctx: Context) -> int:
     from .. import health
     from ..report import envelope
     prof = ctx.profile
     cfg = health.config_of(prof)
-    nvml = nvml_from_env()
-    if nvml is None:
-        from ..backends.nvml import Nvml
-        nvml = Nvml()
+    from ..backends.nvml import Nvml, replay_from_env
+    nvml = replay_from_env() or Nvml()     # $HKGPU_TUNE_NVML_REPLAY: a recorded host
     try:
         rep = health.run(prof, cfg, ctx.args.state_dir, hooks=not ctx.args.no_hooks, nvml=nvml)
     finally:

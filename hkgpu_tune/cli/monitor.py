@@ -23,8 +23,14 @@ def run_export(ctx: Context) -> int:
     from ..export import check_dir, export, textfile_dir
     a = ctx.args
     check_dir(textfile_dir(a.textfile_dir))   # before the profile and the engine: fail fast
+    from ..backends.nvml import replay_from_env
+    from ..collect import Sources
     from ..profile import resolve_profile
-    rep = export(ctx.profile, a.textfile_dir, probes=a.probes, engine=ctx.engine,
+    src = Sources()
+    nvml = replay_from_env()        # $HKGPU_TUNE_NVML_REPLAY, as health ($HKGPU_TUNE_KMSG_REPLAY: collect.kmsg)
+    if nvml is not None:            # verify's gpu subsystem and the collectors read the same recording
+        ctx.engine.b.nvml = src.nvml = nvml
+    rep = export(ctx.profile, a.textfile_dir, probes=a.probes, engine=ctx.engine, sources=src,
                  profile_file=resolve_profile(a.profile))
     code = EXIT_DRIFT if rep.failures or rep.down else EXIT_OK
     if ctx.json:

@@ -95,12 +95,31 @@ def read_journal() -> list[str]:
     return p.stdout.splitlines()
 
 
+ENV_REPLAY = "HKGPU_TUNE_KMSG_REPLAY"
+REPLAY_MAX = 16 << 20
+
+
+def read_replay(path: str) -> list[str]:
+    """A recorded kernel log (one line a record) in place of the host's."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return f.read(REPLAY_MAX).splitlines()[:MAX_LINES]
+
+
 def events(lines=None) -> list[dict]:
+    """Kernel events from `lines`, else from the file $HKGPU_TUNE_KMSG_REPLAY names (tests, the
+    replayed host of `health` and `export`), else the live log: /dev/kmsg, then journalctl."""
     if lines is None:
-        try:
-            lines = read_kmsg()
-        except OSError:
-            lines = read_journal()
+        replay = os.environ.get(ENV_REPLAY)
+        if replay:
+            try:
+                lines = read_replay(replay)
+            except OSError as e:
+                raise OSError(f"{replay}: cannot read the kernel log replay ({ENV_REPLAY}): {e.strerror}") from None
+        else:
+            try:
+                lines = read_kmsg()
+            except OSError:
+                lines = read_journal()
     # one search over the whole log, then only the lines it hit (a ring buffer holds thousands)
     text, out, last = "\n".join(lines), [], -1
     for m in ANY_RE.finditer(text):

@@ -71,6 +71,9 @@ class SysNic:
         """Interfaces backed by a device (a PCI function, virtio): not lo, veth, bridges or tunnels."""
         return sorted(d for d in os.listdir(self.root) if os.path.exists(os.path.join(self.root, d, "device")))
 
+    def exists(self, dev: str) -> bool:
+        return os.path.isdir(os.path.join(self.root, dev, "statistics"))
+
     def stats(self, dev: str) -> dict[str, int]:
         d = os.path.join(self.root, dev, "statistics")
         out = {}
@@ -115,6 +118,16 @@ def families(nics: dict) -> list[Family]:
     return [dropped, errors, qdrop]
 
 
+def devices(profile, source) -> list[str]:
+    """The device-backed interfaces, and those the profile names (network.interfaces[].match.name:
+    a bond, VLAN or veth the profile tunes is watched too) where they exist."""
+    devs = source.devices()
+    named = [i.match.name for i in profile.network.interfaces if i.match.name] if profile is not None else []
+    exists = getattr(source, "exists", None)
+    return sorted(set(devs) | {n for n in named if exists is not None and exists(n)})
+
+
 def run(profile, src):
-    nics = read(None, src.nic)
+    source = src.nic or SysNic()
+    nics = read(devices(profile, source), source)
     return families(nics), {"nics": nics}

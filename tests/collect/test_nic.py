@@ -66,3 +66,15 @@ def test_live_counters_match_ip_s_link(pair):
 def test_default_devices_are_backed_by_hardware_not_veth(pair):
     code = "import json; from hkgpu_tune.collect import nic; print(json.dumps(sorted(nic.read())))"
     assert json.loads(sh(sys.executable, "-c", code, ns=pair.A).stdout) == []   # only lo and a veth there
+
+
+@pytest.mark.root
+def test_an_interface_the_profile_names_is_read_even_a_veth(pair):
+    """network.interfaces[].match.name: the collector watches what the profile tunes (a veth, bond or
+    VLAN has no device link); a named interface this host lacks is left out."""
+    code = ("import json; from hkgpu_tune.collect import Sources, collect; "
+            "from hkgpu_tune.profile import parse_profile_text; "
+            f"p = parse_profile_text('network:\\n  interfaces:\\n    - match: {{name: {pair.a}}}\\n"
+            "    - match: {name: nosuch0}\\n      optional: true\\n'); "
+            "r = collect(p, ['nic'])[0]; print(json.dumps([r.up, sorted(r.data['nics'])]))")
+    assert json.loads(sh(sys.executable, "-c", code, ns=pair.A).stdout) == [True, [pair.a]]

@@ -276,3 +276,28 @@ network:
     mtu = [ln for ln in text.splitlines() if ln.startswith("hkgpu_tune_mtu_probe_ok{")]
     assert mtu == [f'hkgpu_tune_mtu_probe_ok{{device="{p.a}",peer="{p.ipb}"}} 0'], mtu
     samples(text)   # no duplicate series anywhere
+
+
+H200 = os.path.join(REPO, "tests", "fixtures", "gpu", "h200-health.json")
+
+
+def test_cli_replays_nvml_and_the_kernel_log_as_health_does(tmp_path, prof_file):
+    """HKGPU_TUNE_NVML_REPLAY and HKGPU_TUNE_KMSG_REPLAY, the switches `health` has, reach export's
+    collectors; a replay that cannot be read is one line (NVML) or a down collector (the kernel log)."""
+    d = tmp_path / "tf"
+    d.mkdir()
+    (tmp_path / "kmsg.txt").write_text("[   12.5] NVRM: Xid (PCI:0000:00:06): 79, pid=1, name=x, GPU has fallen off the bus\n")
+    env = {**os.environ, "HKGPU_TUNE_NVML_REPLAY": H200, "HKGPU_TUNE_KMSG_REPLAY": str(tmp_path / "kmsg.txt")}
+    r = cli("--textfile-dir", str(d), "--profile", prof_file, "--state-dir", str(tmp_path / "st"), env=env)
+    assert r.returncode in (0, 2), r.stderr
+    smp = samples((d / "hkgpu-tune.prom").read_text())
+    assert [lab for n, lab in smp if n == "hkgpu_tune_gpu_temperature_celsius"]   # the recorded H200
+    assert smp[("hkgpu_tune_xid_events", (("gpu", "0"), ("xid", "79")))] == 1
+    assert smp[("hkgpu_tune_health_check", (("check", "xid"),))] == 1
+
+    bad = cli("--textfile-dir", str(d), "--profile", prof_file, env={**env, "HKGPU_TUNE_NVML_REPLAY": str(tmp_path / "no.json")})
+    assert one_error_line(bad) and "HKGPU_TUNE_NVML_REPLAY" in bad.stderr
+    r = cli("--textfile-dir", str(d), "--profile", prof_file, "--json", "--state-dir", str(tmp_path / "st"),
+            env={**env, "HKGPU_TUNE_KMSG_REPLAY": str(tmp_path / "no.txt")})
+    kmsg = [c for c in json.loads(r.stdout)["collectors"] if c["collector"] == "kmsg"][0]
+    assert r.returncode == 2 and not kmsg["up"] and "HKGPU_TUNE_KMSG_REPLAY" in kmsg["error"]

@@ -48,28 +48,10 @@ network:
   wan_peers:
     - {address: 198.18.0.3, name: wan-test, rtt_ms: 40, jitter_ms: 30}
 """
-# the export as `hkgpu-tune export --probes` runs it, with its documented sources swapped for
-# recordings: NVML replayed from the H200, a kernel log with an XID and a link flap, and the NIC
-# collector told to read the test's veth (it reads only PCI/virtio devices by itself)
-EXPORT = """\
-import sys
-from hkgpu_tune import collect, export
-from hkgpu_tune.backends.nvml import ReplayNvml
-from hkgpu_tune.collect import nic
-from hkgpu_tune.profile import load_profile
-
-class Veth(nic.SysNic):
-    def devices(self):
-        return ["hkmon0"]
-
-prof, outdir, replay = sys.argv[1:4]
-src = collect.Sources(nvml=ReplayNvml(replay), nic=Veth(), probe_count=3, probe_deadline_s=3,
-                      kmsg_lines=["[   12.500000] NVRM: Xid (PCI:0000:00:06): 13, pid=4242, name=python3, Graphics Exception",
-                                  "[   30.000000] mlx5_core 0000:17:00.0 ens1f0np0: Link down"])
-rep = export.export(load_profile(prof), outdir, probes=True, sources=src)
-down = [(c.collector, c.error) for c in rep.collectors if not c.up]
-assert not down, down
-print(rep.path, rep.series)
+# the kernel log `hkgpu-tune export` reads instead of the host's (HKGPU_TUNE_KMSG_REPLAY): an XID and a link flap
+KMSG = """\
+[   12.500000] NVRM: Xid (PCI:0000:00:06): 13, pid=4242, name=python3, Graphics Exception
+[   30.000000] mlx5_core 0000:17:00.0 ens1f0np0: Link down
 """
 
 
@@ -159,10 +141,17 @@ def stack(tmp_path_factory):
         textdir = root / "textfile"
         textdir.mkdir()
         (root / "node.yaml").write_text(PROFILE)
-        env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        p = subprocess.run(["ip", "netns", "exec", NS_NODE, sys.executable, "-c", EXPORT, str(root / "node.yaml"),
-                            str(textdir), H200], capture_output=True, text=True, timeout=30, env=env)
-        assert p.returncode == 0, p.stderr
+        (root / "kmsg.txt").write_text(KMSG)
+        # the real command, GPUs and kernel log replayed through its documented switches; the NIC
+        # collector reads hkmon0 because the profile names it
+        env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               "HKGPU_TUNE_NVML_REPLAY": H200, "HKGPU_TUNE_KMSG_REPLAY": str(root / "kmsg.txt")}
+        p = subprocess.run(["ip", "netns", "exec", NS_NODE, sys.executable, "-m", "hkgpu_tune", "export", "--probes",
+                            "--json", "--profile", str(root / "node.yaml"), "--textfile-dir", str(textdir),
+                            "--state-dir", str(root / "state")], capture_output=True, text=True, timeout=60, env=env)
+        assert p.returncode == 0, p.stdout + p.stderr
+        down = [(c["collector"], c["error"]) for c in json.loads(p.stdout)["collectors"] if not c["up"]]
+        assert not down, down
         prom_text = (textdir / "hkgpu-tune.prom").read_text()
 
         # Triton on the CPU with the doubler model, after real requests
