@@ -205,10 +205,11 @@ def main() -> int:
                                        "us_per_exec": {k: round((v - b["sums_s"].get(k, 0)) / n * 1e6, 1)
                                                        for k, v in a["sums_s"].items()}})
             if row["execute"]:
-                ex = row["execute"]
-                avg = {k: round(sum(e["us_per_exec"][k] for e in ex) / len(ex), 1) for k in ex[0]["us_per_exec"]}
-                log(f"  {name}: execute() per call, mean of {len(ex)} instances: {avg} us, "
-                    f"batch {sum(e['avg_batch'] for e in ex) / len(ex):.1f}")
+                ex = row["execute"]   # weighted by calls: an unloaded stub's last write adds only a few
+                n = sum(e["execs"] for e in ex)
+                avg = {k: round(sum(e["us_per_exec"][k] * e["execs"] for e in ex) / n, 1) for k in ex[0]["us_per_exec"]}
+                log(f"  {name}: execute() per call over {n} calls: {avg} us, "
+                    f"batch {sum(e['avg_batch'] * e['execs'] for e in ex) / n:.1f}")
             save()
     finally:
         if server is not None:

@@ -27,7 +27,7 @@ elif [ "$MODE" = quick ]; then
   timeout 240 python3 -m pytest -m gpu tests/gpu/test_serving.py -v -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest.txt"
 else
   timeout 480 python3 bench/serve_h200.py --out "$OUT" "${@:2}"; echo "bench rc=$?"
-  LEFT=$((585 - SECONDS))   # the call's 600 s, less what the bench took
+  LEFT=$((${CALL_S:-585} - SECONDS))   # the call's time (600 s), less what the bench took
   [ "${HK_PYTEST:-1}" = 1 ] && [ $LEFT -gt 60 ] && timeout $LEFT python3 -m pytest -m gpu tests/gpu/test_serving.py -v -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest.txt"
 fi
 tail -40 /tmp/hkgpu-bench/run/tritonserver.log > "$OUT/tritonserver-tail.log" 2>/dev/null
