@@ -355,9 +355,11 @@ Conflicts=shutdown.target
 Type=oneshot
 RemainAfterExit=yes
 # the export writes the one textfile the verify timer also writes (HKGPU_TUNE_TEXTFILE_DIR, else
-# node_exporter's default directory): the same series, never a second file
+# node_exporter's default directory): the same series, never a second file; health before it runs
+# the profile's on_unhealthy/on_healthy hooks on a transition, as the verify timer does
 EnvironmentFile=-/{EXPORT_ENV}
 ExecStart={exe} apply --profile /{PROFILE_FILE} --only {','.join(only)}
+ExecStartPost=-{exe} health --profile /{PROFILE_FILE}
 ExecStartPost=-{exe} export --profile /{PROFILE_FILE}
 
 [Install]

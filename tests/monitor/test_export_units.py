@@ -32,7 +32,8 @@ def keys(unit, key):
 def test_boot_unit_exports_into_the_textfile_not_run():
     u = persist.boot_unit("/opt/hkgpu-tune/bin/hkgpu-tune", ["link", "ethtool"])
     assert "/run/hkgpu-tune.prom" not in u and "--prometheus" not in u
-    assert keys(u, "ExecStartPost") == ["-/opt/hkgpu-tune/bin/hkgpu-tune export --profile /etc/hkgpu-tune/profile.yaml"]
+    assert keys(u, "ExecStartPost") == ["-/opt/hkgpu-tune/bin/hkgpu-tune health --profile /etc/hkgpu-tune/profile.yaml",
+                                        "-/opt/hkgpu-tune/bin/hkgpu-tune export --profile /etc/hkgpu-tune/profile.yaml"]
     assert keys(u, "EnvironmentFile") == ["-/etc/hkgpu-tune/export.env"]
 
 
@@ -46,14 +47,29 @@ def test_timer_at_boot_and_every_five_minutes_by_default():
 
 def test_service_runs_export_into_the_directory_the_boot_unit_reads():
     s = render("hkgpu-tune-verify.service.j2", hkgpu_verify_textfile_dir="/srv/textfile")
-    cmd = keys(s, "ExecStart")[0].split()
+    health, export = keys(s, "ExecStart")
+    cmd = export.split()
     assert cmd[1] == "export" and cmd[cmd.index("--textfile-dir") + 1] == "/srv/textfile" and "--probes" not in cmd
     env = render("export.env.j2", hkgpu_verify_textfile_dir="/srv/textfile")
     assert re.search(r"^HKGPU_TUNE_TEXTFILE_DIR=/srv/textfile$", env, re.M)
     # a oneshot that stays active would never run again from the timer
     assert "RemainAfterExit" not in s and keys(s, "Type") == ["oneshot"]
     assert keys(s, "SuccessExitStatus") == ["2"]        # drift is in the textfile, not a failed unit
-    assert "--probes" in keys(render("hkgpu-tune-verify.service.j2", hkgpu_verify_probes=True), "ExecStart")[0]
+    assert "--probes" in keys(render("hkgpu-tune-verify.service.j2", hkgpu_verify_probes=True), "ExecStart")[1]
+
+
+def test_timer_and_boot_unit_run_health_so_its_hooks_fire():
+    """health (hooks on a transition) runs before the export with the same profile and state
+    directory; '-': a degraded node (exit 2) or an error (1) never stops the export."""
+    s = render("hkgpu-tune-verify.service.j2", hkgpu_profile_path="/etc/hkgpu-tune/node.yaml")
+    health, export = keys(s, "ExecStart")
+    assert health.startswith("-") and not export.startswith("-")
+    h, e = health[1:].split(), export.split()
+    assert h[1] == "health" and h[h.index("--profile") + 1] == e[e.index("--profile") + 1] == "/etc/hkgpu-tune/node.yaml"
+    assert "--no-hooks" not in h and keys(s, "Environment")[0].startswith("HKGPU_TUNE_STATE_DIR=")
+    u = persist.boot_unit("/usr/bin/hkgpu-tune", ["link"])
+    assert [x.split()[1] for x in keys(u, "ExecStartPost")] == ["health", "export"]
+    assert all(x.startswith("-") for x in keys(u, "ExecStartPost"))
 
 
 def test_role_writes_the_timer_and_env_and_enables_the_timer():
