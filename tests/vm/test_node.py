@@ -137,7 +137,7 @@ def test_converge_reboot_verify(vm, node, stage):
                   check=True).stdout
     assert unit.count("Result=success") == 2 and "ActiveState=failed" not in unit, unit
     # what Prometheus scrapes after boot: the boot verify (after network-online) found no drift
-    prom = vm.ssh("cat /run/hkgpu-tune-verify.prom", check=True).stdout
+    prom = vm.ssh("cat /var/lib/prometheus/node-exporter/hkgpu-tune.prom", check=True).stdout
     assert "\nhkgpu_tune_failures 0\n" in prom and 'key="smp_affinity_list",status="ok"} 1' in prom, prom[-2000:]
     assert_tuned(data_nic(vm))
     with stage("hkgpu-tune verify over SSH after the reboot"):
