@@ -56,12 +56,13 @@ def test_the_boot_unit_verifies_the_node(rack, tmp_path):
     assert "/etc/systemd/system/hkgpu-tune-verify.service" in simrack.nsexec(
         host, "readlink", "/etc/systemd/system/multi-user.target.wants/hkgpu-tune-verify.service").stdout
     env = [line.split("=", 1)[1] for line in unit.splitlines() if line.startswith("Environment=")]
-    argv = [line.split("=", 1)[1] for line in unit.splitlines() if line.startswith("ExecStart=")][0].split()
-    prom = str(tmp_path / "verify.prom")
-    argv[argv.index("--prometheus") + 1] = prom          # not the shared /run of this machine
+    starts = [line.split("=", 1)[1] for line in unit.splitlines() if line.startswith("ExecStart=")]
+    assert [a.lstrip("-").split()[1] for a in starts] == ["health", "export"]
+    argv = starts[1].split()
+    argv[argv.index("--textfile-dir") + 1] = str(tmp_path)     # not the textfile directory of this machine
     r = simrack.nsexec(host, "env", *env, *argv, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
-    text = open(prom).read()
+    text = (tmp_path / "hkgpu-tune.prom").read_text()
     assert 'key="net.ipv4.tcp_fin_timeout"' in text and "hkgpu_tune_failures 0" in text
 
 
@@ -143,3 +144,8 @@ def test_rollback_restores_the_originals(rack):
         assert snapshot(h) == rack["originals"][h], h
     state = json.dumps(os.listdir(os.path.join(rack["dir"], rack["hosts"][0], "var/lib/hkgpu-tune")))
     assert "state.json" not in state and "persist.json" not in state
+    # the export timer and what the hkgpu_verify role wrote for it are gone too
+    left = simrack.nsexec(rack["hosts"][0], "sh", "-c", "ls -d /etc/systemd/system/hkgpu-tune-verify.* "
+                          "/etc/systemd/system/*.wants/hkgpu-tune-verify.* /etc/hkgpu-tune/export.env 2>/dev/null",
+                          check=False).stdout.split()
+    assert left == []
