@@ -147,7 +147,7 @@ def run_compare(ctx: Context) -> int:
     if ctx.json:
         data = cmp.to_dict()
         data["chart"] = chart
-        print(json.dumps(envelope("baseline compare", data, args.profile), indent=2, default=str))
+        print(json.dumps(envelope("baseline compare", data, ctx.profile if args.profile else None), indent=2, default=str))
     else:
         compare.print_table(cmp, ctx.console)
         if chart:

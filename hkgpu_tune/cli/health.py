@@ -29,7 +29,7 @@ def run_health(ctx: Context) -> int:
     finally:
         nvml.close()
     if ctx.json:
-        print(json.dumps(envelope("health", rep.to_dict(), prof.path), indent=2, default=str))
+        print(json.dumps(envelope("health", rep.to_dict(), prof), indent=2, default=str))
     else:
         _print(ctx, rep)
     return {health.HEALTHY: EXIT_OK, health.DEGRADED: EXIT_DRIFT}.get(rep.status, EXIT_ERROR)

@@ -38,7 +38,7 @@ def run_export(ctx: Context) -> int:
                 "failures": rep.failures,
                 "collectors": [{"collector": c.collector, "up": c.up, "error": c.error,
                                 "seconds": round(c.seconds, 4), "data": c.data} for c in rep.collectors]}
-        print(json.dumps(report.envelope("export", data, ctx.profile.path), indent=2, default=str))
+        print(json.dumps(report.envelope("export", data, ctx.profile), indent=2, default=str))
     else:   # plain lines: a timer's journal, not a terminal (rich would cost ~50 ms of imports)
         print(f"wrote {rep.path}: {rep.series} series in {rep.seconds * 1000:.0f} ms, "
               f"{rep.failures} failed setting(s)")
