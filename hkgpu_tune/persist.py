@@ -325,11 +325,18 @@ def _refuse_legacy(state_dir: str) -> None:
 
 
 def sysctl_conf(profile, results) -> str:
+    """The sysctl section's settings and the buffer sizes tcp_buffers derives (what apply set),
+    so that a reboot keeps them."""
+    from .subsystems.sysctl import buffer_settings
     bad = {r.key for r in results if r.subsystem == "sysctl" and r.status in ("unsupported", "error")}
     name = str(profile.name or profile.path)
     lines = ["# Written by hkgpu-tune apply --persist; `hkgpu-tune rollback` removes it.",
              f"# Profile: {name if not _CTRL.search(name) else '(name with control characters)'}"]
-    for s in profile.sysctl:
+    settings, why = buffer_settings(profile)
+    arithmetic = " ".join(next(iter(why.values()), "").split())
+    if arithmetic and not _CTRL.search(arithmetic):
+        lines.append("# " + arithmetic)
+    for s in settings:
         for what, v in (("key", s.key), ("value", s.value)):
             if _CTRL.search(str(v)):
                 raise HkError(f"persist: sysctl {s.key!r}: the {what} holds a line break or control character: "
@@ -381,7 +388,7 @@ def _persist(engine, profile, root, profile_path) -> list[str]:
     try:
         owners = _mtu_owners(engine, profile, root)   # every manager's file read before any write
         results = engine.verify()
-        if profile.sysctl:
+        if profile.sysctl or profile.section("tcp_buffers"):
             done.append("sysctl: " + w.write(SYSCTL_FILE, sysctl_conf(profile, results)))
         src = profile_path if profile_path and os.path.exists(profile_path) else None
         text = open(src).read() if src else yaml.safe_dump({"name": profile.name})

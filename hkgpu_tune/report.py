@@ -200,17 +200,29 @@ def print_table(results, console=None, title="verify") -> None:
     console.print(Text(summary(results)))
 
 
+# reasons that say no more than the current and desired columns do: not repeated under a plan
+PLAIN_REASONS = {"differs", "below the desired value"}
+
+
 def print_changes(changes, results=(), console=None, title="plan") -> None:
     from rich.console import Console
     from rich.text import Text
 
     console = console or Console()
+    why = {(r.subsystem, str(r.target), r.key): str(r.reason) for r in results if r.reason}
     for (sub, target), rows in _groups(changes).items():
         t = _table(f"{title}: {sub} {target}", [("key", _key_width(c.key for c in rows)), ("current", 0),
                                                 ("desired", 0)])
+        because: dict[str, list] = {}    # reason -> its keys: said once under the table, wrapping at 80
         for c in rows:
             t.add_row(Text(str(c.key)), Text(_fmt(c.current)), Text(_fmt(c.desired)))
+            reason = "; ".join(x for x in why.get((c.subsystem, str(c.target), c.key), "").split("; ")
+                               if x not in PLAIN_REASONS)
+            if reason:
+                because.setdefault(reason, []).append(str(c.key))
         console.print(t)
+        for reason, keys in because.items():   # e.g. the bandwidth-delay arithmetic of tcp_buffers
+            console.print(Text(f"{', '.join(keys)}: {reason}"))
     skipped = [r for r in results if r.status in (UNSUPPORTED, ERROR)]
     for r in skipped:
         console.print(Text.assemble((r.status, COLOURS.get(r.status, "")),

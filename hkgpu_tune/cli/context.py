@@ -56,9 +56,9 @@ class Context:
             only, prof = self.only(), self.profile
             if only:   # a subsystem the profile has no section for: an error, never a green run of nothing
                 known = [n for n in only if n in subsystems.SECTION]
-                lacking = [n for n in known if subsystems.SECTION[n] not in prof.sections]
+                have = subsystems.for_sections(prof.sections)
+                lacking = [n for n in known if n not in have]
                 if lacking and len(known) == len(only):
-                    have = subsystems.for_sections(prof.sections)
                     raise HkError(f"--only {','.join(lacking)}: the profile {prof.label} has no "
                                   f"{', '.join(dict.fromkeys(subsystems.SECTION[n] + ':' for n in lacking))} "
                                   f"section (it has: {', '.join(have) or 'nothing'})")

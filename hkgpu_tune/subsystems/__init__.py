@@ -14,6 +14,10 @@ def get(name: str):
     return importlib.import_module(f"hkgpu_tune.subsystems.{name}").Plugin
 
 
+# sections that feed a subsystem besides its own (tcp_buffers derives sysctl's buffer keys)
+ALSO = {"sysctl": ("tcp_buffers",)}
+
+
 def for_sections(sections) -> list[str]:
     """The subsystems, in order, that the given profile sections need."""
-    return [n for n in ORDER if SECTION[n] in sections]
+    return [n for n in ORDER if SECTION[n] in sections or any(a in sections for a in ALSO.get(n, ()))]

@@ -104,3 +104,32 @@ def test_apply_writes_the_derived_maxima_in_a_namespace(tmp_path):
         assert sh("sysctl", "-n", "net.ipv4.tcp_rmem", ns=ns).stdout.split() == before
     finally:
         sh("ip", "netns", "del", ns, check=False)
+
+
+def test_tcp_buffers_without_a_sysctl_section_still_plans_and_shows_the_arithmetic(tmp_path):
+    """No `sysctl:` section: tcp_buffers alone brings the sysctl subsystem (it did nothing, silently);
+    the plan's table says how the size was reached, once, within 80 columns."""
+    text = WAN + "tcp_buffers:\n  wan: {bandwidth_gbit: 100}\n"
+    rows = plan(tmp_path, text)
+    assert sorted(rows) == sorted(BUF) and rows["net.core.rmem_max"]["desired"] == "1300234240"
+    p = subprocess.run([sys.executable, "-m", "hkgpu_tune", "plan", "-p", str(tmp_path / "p.yaml")],
+                       capture_output=True, text=True, env={**os.environ, "COLUMNS": "80"})
+    assert p.returncode in (0, 2), p.stderr
+    assert not [ln for ln in p.stdout.splitlines() if len(ln) > 80], p.stdout
+    flat = " ".join(p.stdout.split())
+    assert flat.count("100 Gbit/s x 52 ms (largest wan_peers rtt_ms) = 650,000,000 B BDP x 2 = 1,300,234,240 B") == 1, p.stdout
+    assert "net.core.rmem_max, net.core.wmem_max, net.ipv4.tcp_rmem, net.ipv4.tcp_wmem: tcp_buffers:" in flat
+
+
+def test_persist_writes_the_derived_maxima_for_the_reboot():
+    """sysctl.d gets the sizes apply set from tcp_buffers (it had only the sysctl section's keys),
+    with the arithmetic as a comment."""
+    from hkgpu_tune.persist import sysctl_conf
+    from hkgpu_tune.profile import parse_profile_text
+    conf = sysctl_conf(parse_profile_text(WAN + "sysctl:\n  net.ipv4.tcp_mtu_probing: 1\n  net.ipv4.tcp_rmem: 4096 131072 1\n"
+                                          "tcp_buffers:\n  wan: {bandwidth_gbit: 100}\n"), [])
+    lines = [ln for ln in conf.splitlines() if not ln.startswith("#")]
+    assert lines == ["net.ipv4.tcp_mtu_probing = 1", "net.ipv4.tcp_rmem = 4096 131072 1300234240",
+                     "net.core.rmem_max = 1300234240", "net.core.wmem_max = 1300234240",
+                     "net.ipv4.tcp_wmem = 4096 65536 1300234240"]
+    assert "# tcp_buffers: wan: 100 Gbit/s x 52 ms" in conf
