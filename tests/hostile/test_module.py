@@ -9,7 +9,7 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MODULE = os.path.join(ROOT, "roles", "hkgpu", "library", "hkgpu.py")
+MODULE = os.path.join(ROOT, "collections", "ansible_collections", "hkgpu", "tune", "plugins", "modules", "hkgpu.py")
 TIMEOUT = 30
 
 pytest.importorskip("ansible", reason="the module needs ansible-core")
@@ -17,6 +17,7 @@ pytest.importorskip("ansible", reason="the module needs ansible-core")
 
 def module(tmp_path, check=False, **args):
     """Run the module; its JSON answer. A hang is a failure."""
+    assert os.path.isfile(MODULE), f"the module is not at {MODULE}"
     a = {"profile_path": str(tmp_path / "node.yaml"), "state_dir": str(tmp_path / "state"), **args,
          "_ansible_check_mode": check}
     f = tmp_path / "args.json"
@@ -28,6 +29,7 @@ def module(tmp_path, check=False, **args):
     except subprocess.TimeoutExpired:
         pytest.fail(f"the module did not answer in {TIMEOUT} s (blocked reading the node profile?)")
     assert "Traceback" not in p.stdout + p.stderr, p.stdout + p.stderr
+    assert p.stdout.strip(), f"the module printed nothing (rc {p.returncode}): {p.stderr}"
     return json.loads(p.stdout)
 
 
