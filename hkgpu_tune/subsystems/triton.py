@@ -5,7 +5,7 @@ Profile (every key but models optional; addresses default to loopback)::
     triton:
       server: pytriton            # or the path of a tritonserver binary
       launch: binary              # binary | container
-      model_repository: /var/lib/hkgpu-tune/triton/models
+      model_repository: /var/lib/hkgpu-triton/models
       user: triton-server         # never root
       gpu: 0
       http: {port: 8000, address: 127.0.0.1}
@@ -122,7 +122,7 @@ class Triton:
     supervisor: str = "auto"               # auto | systemd | process
     runtime: str = "docker"                # container runtime: docker | podman
     image: str | None = None
-    model_repository: str = "/var/lib/hkgpu-tune/triton/models"
+    model_repository: str = "/var/lib/hkgpu-triton/models"
     run_dir: str = "/run/hkgpu-tune/triton"
     unit: str = "hkgpu-triton"
     user: str | None = None

@@ -6,9 +6,9 @@ saved record.
 Copies are hard links where the file system allows (the repository is written by rename, so a
 linked file keeps its old content); plain copies elsewhere.
 
->>> b = backup_path("/var/lib/hkgpu-tune/triton/models", "doubler", "1733190000000000000")
+>>> b = backup_path("/var/lib/hkgpu-triton/models", "doubler", "1733190000000000000")
 >>> b
-'/var/lib/hkgpu-tune/triton/previous/doubler.1733190000000000000'
+'/var/lib/hkgpu-triton/previous/doubler.1733190000000000000'
 """
 from __future__ import annotations
 
