@@ -20,13 +20,23 @@ date -u; nvidia-smi -L; nproc; df -h /dev/shm | tail -1
 ps -eo pid,args | grep -i '[n]vidia-cuda-mps' || echo NO-MPS-AT-START
 python3 -m pip install -q --no-deps --no-index --no-compile .whl/*.whl 2>&1 | tail -2
 python3 -c 'import importlib.util as u, tritonclient.grpc, aiohttp, torch, matplotlib; assert u.find_spec("pytriton"); print("deps ok", torch.__version__)'
+if [ "${HK_CHECKS:-0}" = 1 ]; then   # the GPU checks of the collectors, health, export and baseline
+  timeout 120 python3 -m pytest -v -rs -p no:cacheprovider tests/collect/test_gpu.py tests/gpu/test_h200.py \
+    tests/triton/test_gpu_placement.py tests/baseline/test_capture_parts.py::test_torch_engine_benchmark_on_a_gpu \
+    > "$OUT/checks.txt" 2>&1; echo "checks rc=$?"; tail -15 "$OUT/checks.txt"
+  printf 'name: gpu-only\ngpu:\n  gpus: all\n  persistence: true\n' > /tmp/hk-gpu.yaml
+  mkdir -p /tmp/hk-tf; { time timeout 30 python3 -m hkgpu_tune health -p /tmp/hk-gpu.yaml; } >> "$OUT/checks.txt" 2>&1
+  { time timeout 30 python3 -m hkgpu_tune export -p /tmp/hk-gpu.yaml --textfile-dir /tmp/hk-tf; } >> "$OUT/checks.txt" 2>&1
+  echo "export rc=$?"; grep -c '^hkgpu' /tmp/hk-tf/hkgpu-tune.prom; grep '^hkgpu_tune_gpu' /tmp/hk-tf/hkgpu-tune.prom >> "$OUT/checks.txt"
+  nvidia-smi --query-gpu=utilization.gpu,temperature.gpu,power.draw,memory.used,pcie.link.gen.current --format=csv >> "$OUT/checks.txt"
+fi
 if [ "$MODE" = diag ]; then
   timeout 570 python3 bench/serve_diag.py --out "$OUT" "${@:2}"; echo "diag rc=$?"
 elif [ "$MODE" = quick ]; then
   timeout 300 python3 bench/serve_h200.py --quick --out "$OUT"; echo "bench rc=$?"
   timeout 240 python3 -m pytest -m gpu tests/gpu/test_serving.py -v -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest.txt"
 else
-  timeout 480 python3 bench/serve_h200.py --out "$OUT" "${@:2}"; echo "bench rc=$?"
+  timeout ${BENCH_S:-480} python3 bench/serve_h200.py --out "$OUT" "${@:2}"; echo "bench rc=$?"
   LEFT=$((${CALL_S:-585} - SECONDS))   # the call's time (600 s), less what the bench took
   [ "${HK_PYTEST:-1}" = 1 ] && [ $LEFT -gt 60 ] && timeout $LEFT python3 -m pytest -m gpu tests/gpu/test_serving.py -v -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest.txt"
 fi
