@@ -217,9 +217,16 @@ def spec_for(t, model, concurrency: int, duration_s: float, processes: int, shm:
                             metrics_port=t.metrics.port, shm=shm)
 
 
+REFINE_STEPS = 2   # extra loads that bisect between the highest passing and lowest failing level
+
+
 def measure(server: Server, model, point: Point, levels: list[int], duration_s: float, processes: int,
             shm: bool, slo_ms: float, log=None) -> None:
-    for conc in levels:
+    """Ramp through levels until p99 passes the SLO; halve below the lowest level when even it is
+    over; then bisect between the highest level within the SLO and the lowest over it, so the
+    answer does not depend on how coarse the levels were (96 over, 48 within: try 72, then 60 or 84)."""
+    def one(conc: int) -> bool:
+        nonlocal failed_err
         r = loadgen.run(spec_for(server.t, model, conc, duration_s, min(processes, conc), shm))
         point.loads.append(r)
         if log:
@@ -227,19 +234,33 @@ def measure(server: Server, model, point: Point, levels: list[int], duration_s: 
         within = r["errors"] == 0 and r["p99_ms"] <= slo_ms and r["requests"] > 0
         if within and (point.best is None or r["img_s"] > point.best["img_s"]):
             point.best = r
-        if r["p99_ms"] > slo_ms or r["errors"]:
+        failed_err = failed_err or bool(r["errors"])
+        return within
+
+    passed, failed, failed_err = 0, None, False
+    for conc in levels:
+        if one(conc):
+            passed = max(passed, conc)
+        else:
+            failed = conc
             break   # more load only adds queueing
-    # already over the SLO at the lowest level (a slower machine, a tight SLO): halve the load a
-    # few times before giving up on this config
     conc, halvings = min(levels), 0
     while point.best is None and point.loads and not point.loads[-1]["errors"] and conc > 1 and halvings < 3:
         conc, halvings = conc // 2, halvings + 1
-        r = loadgen.run(spec_for(server.t, model, conc, duration_s, min(processes, conc), shm))
-        point.loads.append(r)
-        if log:
-            log(f"  {point.label}, {conc} in flight: {loadgen.line(r)}")
-        if r["errors"] == 0 and r["p99_ms"] <= slo_ms and r["requests"] > 0:
-            point.best = r
+        if one(conc):
+            passed = conc
+        else:
+            failed = conc
+    for _ in range(REFINE_STEPS):
+        if not passed or failed is None or failed_err:
+            break   # nothing fits, nothing failed, or a load had errors (a broken server)
+        mid = (passed + failed) // 2
+        if failed - passed <= max(1, passed // 8) or mid <= passed:
+            break
+        if one(mid):
+            passed = mid
+        else:
+            failed = mid
 
 
 def run(t, model_name: str, grid: Grid, slo_ms: float, budget_s: float, duration_s: float = 5.0,

@@ -149,6 +149,26 @@ def test_a_load_level_over_the_slo_is_halved_until_one_fits(tmp_path):
     assert best["concurrency"] < 64 and best["p99_ms"] <= 30, loads
 
 
+def test_the_slo_boundary_between_two_levels_is_bisected(tmp_path):
+    """Levels 8 (within a 60 ms SLO on a ~800 req/s model) and 64 (~80 ms, over): the sweep measures
+    between a level within the SLO and one over it, rather than answering the lower level (the H200
+    run of 2026-12-03 went from 96 in flight, over, straight to 48)."""
+    doc = profile_dict(tmp_path, free_ports(3), delay_us=0, p99_ms=60)
+    m = doc["triton"]["models"][0]
+    m["model_file"], m["max_batch_size"] = os.path.join(DATA, "slow.py"), 4
+    p = tmp_path / "slow.yaml"
+    p.write_text(dump(doc))
+    r = hk("triton", "sweep", "-p", str(p), "--instances", "1", "--concurrency", "8,64", "--duration-s", "1.5",
+           "--budget-s", "60", "--slo-ms", "60", "--json")
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    loads = json.loads(r.stdout)["points"][0]["loads"]
+    ok = {x["concurrency"] for x in loads if x["p99_ms"] <= 60 and not x["errors"]}
+    over = {x["concurrency"] for x in loads} - ok
+    assert ok and over, loads
+    assert any(a < x["concurrency"] < b for a in ok for b in over for x in loads), \
+        [(x["concurrency"], x["p99_ms"]) for x in loads]
+
+
 def test_a_chart_path_that_cannot_be_written_is_refused_before_any_load(prof):
     line = one_line_error(hk("triton", "sweep", "-p", str(prof), "--png", "/nonexistent/sweep.png",
                              "--budget-s", "60", "--slo-ms", "500", timeout=30))
