@@ -142,6 +142,8 @@ def inventory(n: int, run: str, python: str) -> str:
             "hkgpu_install_site_dirs": site_dirs(python),
             "hkgpu_prefix": run + "/{{ inventory_hostname }}/opt/hkgpu-tune",
             "hkgpu_state_dir": run + "/{{ inventory_hostname }}/var/lib/hkgpu-tune",
+            # node_exporter's textfile directory, per host (only /etc is private to a simulated host)
+            "hkgpu_verify_textfile_dir": run + "/{{ inventory_hostname }}/textfile",
         },
         "children": {"hk_sim": {"children": {"rack_sim1": {"hosts": hosts}}}},
     }}
@@ -171,6 +173,7 @@ def up(n: int = 4, run: str = RUN_DIR, python: str = sys.executable) -> str:
         _netns_add(name, address(i), 1500)
         _private_etc(name)
         os.makedirs(os.path.join(run, name, "var/lib/hkgpu-tune"), exist_ok=True)
+        os.makedirs(os.path.join(run, name, "textfile"), exist_ok=True)
         _sshd(name, address(i), run)
     for i, _ in enumerate(names, 1):
         _wait_ssh(address(i), key)

@@ -50,19 +50,26 @@ def test_converge(rack):
     assert "mtu 9000" in s["link"] and s["net.ipv4.tcp_fin_timeout"] == "15"
 
 
-def test_the_boot_unit_verifies_the_node(rack, tmp_path):
-    host = rack["hosts"][0]
+def unit_export(rack, host):
+    """Run the verify service's ExecStart lines (health, then export) as systemd would; the textfile."""
     unit = simrack.nsexec(host, "cat", "/etc/systemd/system/hkgpu-tune-verify.service").stdout
-    assert "/etc/systemd/system/hkgpu-tune-verify.service" in simrack.nsexec(
-        host, "readlink", "/etc/systemd/system/multi-user.target.wants/hkgpu-tune-verify.service").stdout
     env = [line.split("=", 1)[1] for line in unit.splitlines() if line.startswith("Environment=")]
     starts = [line.split("=", 1)[1] for line in unit.splitlines() if line.startswith("ExecStart=")]
     assert [a.lstrip("-").split()[1] for a in starts] == ["health", "export"]
     argv = starts[1].split()
-    argv[argv.index("--textfile-dir") + 1] = str(tmp_path)     # not the textfile directory of this machine
+    prom = os.path.join(rack["dir"], host, "textfile", "hkgpu-tune.prom")
+    assert argv[argv.index("--textfile-dir") + 1] == os.path.dirname(prom)   # the inventory's, per host
     r = simrack.nsexec(host, "env", *env, *argv, check=False)
     assert r.returncode == 0, r.stdout + r.stderr
-    text = (tmp_path / "hkgpu-tune.prom").read_text()
+    return prom
+
+
+def test_the_boot_unit_verifies_the_node(rack):
+    host = rack["hosts"][0]
+    assert "/etc/systemd/system/hkgpu-tune-verify.service" in simrack.nsexec(
+        host, "readlink", "/etc/systemd/system/multi-user.target.wants/hkgpu-tune-verify.service").stdout
+    with open(unit_export(rack, host)) as f:
+        text = f.read()
     assert 'key="net.ipv4.tcp_fin_timeout"' in text and "hkgpu_tune_failures 0" in text
 
 
@@ -138,6 +145,8 @@ def test_one_bad_node_does_not_stop_the_rest_of_its_batch(rack):
 
 
 def test_rollback_restores_the_originals(rack):
+    prom = unit_export(rack, rack["hosts"][0])
+    assert os.path.isfile(prom)
     run = play(rack, "rollback")
     assert run.rc == 0 and not run.failed_hosts
     for h in rack["hosts"]:
@@ -148,4 +157,4 @@ def test_rollback_restores_the_originals(rack):
     left = simrack.nsexec(rack["hosts"][0], "sh", "-c", "ls -d /etc/systemd/system/hkgpu-tune-verify.* "
                           "/etc/systemd/system/*.wants/hkgpu-tune-verify.* /etc/hkgpu-tune/export.env 2>/dev/null",
                           check=False).stdout.split()
-    assert left == []
+    assert left == [] and not os.path.lexists(prom), (left, prom)
