@@ -154,7 +154,9 @@ def capture(profile, quick: bool = False, engine: bool = True) -> tuple[dict, li
     data = {"baseline_format": FORMAT, "quick": quick, "boot_id": _boot_id(), "counts": counts.__dict__,
             "iperf3_streams": cfg.iperf3_streams, "facts": facts, "latency": latency,
             "throughput": tput, "counters": counters, "kernel": kernel, "gpu": gpu, "engine": bench,
-            "problems": problems, "timings_s": timings}
+            "problems": problems, "timings_s": timings,
+            # compare without a profile (rack baseline on the controller) judges by these
+            "thresholds": {k: {"pct": t.pct, "abs": t.abs} for k, t in cfg.thresholds.items()}}
     return report.envelope(COMMAND, data, profile), problems
 
 

@@ -229,9 +229,34 @@ class Comparison:
                 "regressions": [r.key for r in self.regressions], "warnings": self.warnings}
 
 
+def recorded_thresholds(snap: Snapshot) -> dict:
+    """The thresholds the node's profile had at capture (`thresholds` in the snapshot), over the
+    defaults; a snapshot without them gets the defaults. A bad value is one SnapshotError."""
+    raw = snap.doc.get("thresholds")
+    th = dict(settings.THRESHOLDS)
+    if raw is None:
+        return th
+    if not isinstance(raw, dict):
+        raise SnapshotError(f"{snap.path}: thresholds: expected a mapping, got {type(raw).__name__}")
+    for kind, t in raw.items():
+        if kind not in th:
+            continue   # a kind a newer hkgpu-tune knows
+        if not isinstance(t, dict) or set(t) - {"pct", "abs"}:
+            raise SnapshotError(f"{snap.path}: thresholds.{kind}: expected a mapping of pct and abs")
+        vals = {}
+        for k in ("pct", "abs"):
+            v = t.get(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1e12):
+                raise SnapshotError(f"{snap.path}: thresholds.{kind}.{k}: expected a number 0-1e12 or null, got {v!r}")
+            vals[k] = None if v is None else float(v)
+        th[kind] = settings.Threshold(**vals)
+    return th
+
+
 def compare(before: Snapshot, after: Snapshot, cfg: settings.Settings | None = None,
             allow_other_host: bool = False) -> Comparison:
-    cfg = cfg or settings.Settings()
+    """cfg None: the thresholds the after snapshot recorded (its node's profile at capture)."""
+    cfg = cfg or settings.Settings(thresholds=recorded_thresholds(after))
     cmp = Comparison(before, after)
     if before.host != after.host:
         msg = f"{after.path}: host: {after.host!r}, but {before.path} is from {before.host!r}"

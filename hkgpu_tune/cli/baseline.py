@@ -135,7 +135,7 @@ def run_compare(ctx: Context) -> int:
     from ..baseline import compare, settings
     from ..report import envelope
     args = ctx.args
-    cfg = settings.of(ctx.profile) if args.profile else settings.Settings()
+    cfg = settings.of(ctx.profile) if args.profile else None   # None: the after snapshot's thresholds
     before, after = compare.load(args.before), compare.load(args.after)
     cmp = compare.compare(before, after, cfg, allow_other_host=args.allow_other_host)
     chart = None

@@ -224,3 +224,23 @@ def test_wrong_shapes_inside_a_snapshot_are_one_line(tmp_path, path, value, key)
         p = hk("baseline", "compare", *args)
         assert p.returncode == 1 and p.stdout == "", p.stderr
         assert p.stderr == f"hkgpu-tune: error: {bad}: {key}\n"
+
+
+def test_compare_without_a_profile_judges_by_the_thresholds_the_after_snapshot_recorded(tmp_path):
+    """rack baseline compares on the controller, with no node profile: a node whose profile widened
+    the throughput threshold to 60 % must not get the 10 % default (a 50 % drop is then no regression)."""
+    b, a = snapshot("n1"), snapshot("n1", tput_scale=0.5)
+    write(tmp_path / "b.json", b)
+    write(tmp_path / "a.json", a)
+    regs = lambda: [r.key for r in cmpmod.compare(cmpmod.load(str(tmp_path / "b.json")),
+                                                   cmpmod.load(str(tmp_path / "a.json"))).regressions]
+    assert regs() == ["throughput 198.18.0.2 send", "throughput 198.18.0.2 receive"]
+    a["thresholds"] = {"throughput": {"pct": 60, "abs": None}, "a_kind_from_a_newer_release": {"pct": 1}}
+    write(tmp_path / "a.json", a)
+    assert regs() == []
+    for bad, where in (({"throughput": {"pct": "ten"}}, "thresholds.throughput.pct"),
+                       ({"throughput": [10]}, "thresholds.throughput"), ([1], "thresholds")):
+        a["thresholds"] = bad
+        write(tmp_path / "a.json", a)
+        with pytest.raises(cmpmod.SnapshotError, match=where):
+            regs()

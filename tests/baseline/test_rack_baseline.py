@@ -74,7 +74,11 @@ def test_playbook_on_a_simulated_rack(tmp_path):
         prof.write_text(f"network:\n  fabric_peers: [{simrack.FABRIC_PEER}]\n  wan_peers:\n"
                         f"    - {{address: {simrack.GATEWAY}, name: gw, rtt_ms: 50}}\n"
                         "baseline:\n  iperf3_port: 5315\n  iperf3_streams: 2\n"
-                        "  quick: {ping_count: 30, ping_interval_ms: 20, iperf3_runs: 2, iperf3_seconds: 1}\n")
+                        "  quick: {ping_count: 30, ping_interval_ms: 20, iperf3_runs: 2, iperf3_seconds: 1}\n"
+                        # veth throughput is CPU-bound and swings with this machine's load (a 10 %
+                        # band flagged the unchanged host once); the 8 KiB cut below costs far more.
+                        # The controller's compare must take it from the snapshots (no profile there).
+                        "  thresholds: {throughput: {pct: 50}}\n")
         server = subprocess.Popen(["ip", "netns", "exec", f"{simrack.PREFIX}fab", sys.executable, "-m", "hkgpu_tune",
                                    "baseline", "serve", "--port", "5315", "--seconds", "300"], cwd=REPO,
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -99,6 +103,8 @@ def test_playbook_on_a_simulated_rack(tmp_path):
         assert not [r for r in doc["regressions"] if r.startswith(f"{hosts[0]}: ") and r.split(": ")[1].startswith(
             ("throughput", "rtt"))], doc["regressions"]
         assert f"{hosts[1]}: throughput {simrack.FABRIC_PEER} receive" in doc["regressions"]
+        rows = {m["key"]: m for m in doc["racks"]["rack_sim1"][hosts[1]]["comparison"]["metrics"]}
+        assert rows[f"throughput {simrack.FABRIC_PEER} receive"]["threshold"] == "50%"
     finally:
         if server is not None:
             server.terminate()
