@@ -88,9 +88,10 @@ def _mtu_probe(engine) -> list[C.Family]:
     # one series per (device, peer): a peer that is both fabric (jumbo size) and WAN (1472 bytes) is
     # probed twice; any failure wins (node_exporter would keep one of two samples, maybe the "1")
     ok: dict[tuple[str, str], int] = {}
+    # a failure found before any ping (no route, a link down) is a 0 too, its missing half "-"
     for r in link.probe():
-        if r.key.startswith("path mtu to "):
-            k = (r.target, r.key[len("path mtu to "):])
+        if r.key.startswith("path mtu"):
+            k = (r.target, r.key[len("path mtu to "):] or "-")
             ok[k] = min(ok.get(k, 1), 1 if r.status == "ok" else 0)
     return [C.Family("hkgpu_tune_mtu_probe_ok", "gauge",
                      "1 if every don't-fragment ping of the profile's MTU reached the peer.",

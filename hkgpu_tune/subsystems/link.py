@@ -149,27 +149,28 @@ class Plugin(Subsystem):
         return self.b.cmd.run(argv, timeout=10 + net.probe_count * net.probe_timeout_s).rc == 0
 
     def targets(self, links: list[dict], proving: list[dict]):
-        """(address, label, link, size) to ping, and the failures found before any ping: a fabric
-        or WAN peer with no route, a fabric peer not routed through an interface whose MTU this
-        profile sets, an interface being proven that is down or that nothing is routed through."""
+        """(address, label, link, size) to ping, and the failures found before any ping as
+        (device or "-", peer or "-", message): a fabric or WAN peer with no route, a fabric peer not
+        routed through an interface whose MTU this profile sets, an interface being proven that is
+        down or that nothing is routed through."""
         net = self.profile.network
         managed = {ln["index"]: ln for _, ln in resolve(self, links, "mtu")[0]}
         by_index = {ln["index"]: ln for ln in links}
         out, fails = [], []
         for ln in proving:
             if not ln.get("up", True):
-                fails.append(f"{ln['name']} is down: its MTU {ln['mtu']} cannot be proven")
+                fails.append((ln["name"], "-", f"{ln['name']} is down: its MTU {ln['mtu']} cannot be proven"))
             if net.probe_gateway:
                 out += [(gw, f"gateway {gw}", ln, ln["mtu"] - HEADER[family(gw)]) for gw in self.b.net.gateways(ln["index"])]
         for p in net.fabric_peers:
             r = self.b.net.route_get(p)
             ln = managed.get(r["oif"]) if r else None
             if r is None:
-                fails.append(f"fabric peer {p}: no route to it")
+                fails.append(("-", p, f"fabric peer {p}: no route to it"))
             elif ln is None:
                 via = by_index.get(r["oif"], {}).get("name", f"ifindex {r['oif']}")
-                fails.append(f"fabric peer {p} is routed through {via}, not through an interface whose MTU "
-                             "the profile sets: its path cannot be proven")
+                fails.append((via, p, f"fabric peer {p} is routed through {via}, not through an interface whose "
+                              "MTU the profile sets: its path cannot be proven"))
             else:
                 out.append((p, f"fabric peer {p}", ln, ln["mtu"] - HEADER[family(p)]))
         for w in net.wan_peers:
@@ -177,15 +178,15 @@ class Plugin(Subsystem):
             r = self.b.net.route_get(w.address)
             ln = by_index.get(r["oif"]) if r else None
             if ln is None:
-                fails.append(f"{label}: no route to it")
+                fails.append(("-", w.address, f"{label}: no route to it"))
             else:
                 out.append((w.address, label, ln,
                             min(WAN_MTU, ln["mtu"]) - HEADER[family(w.address)]))
         for ln in proving:
             if ln.get("up", True) and not any(t[2]["index"] == ln["index"] and not t[1].startswith("WAN")
                                               for t in out):
-                fails.append(f"{ln['name']}: its MTU {ln['mtu']} is unproven: no gateway or fabric peer is routed "
-                             "through it")
+                fails.append((ln["name"], "-", f"{ln['name']}: its MTU {ln['mtu']} is unproven: no gateway or "
+                              "fabric peer is routed through it"))
         return out, fails
 
     def after_apply(self, changes):
@@ -197,7 +198,8 @@ class Plugin(Subsystem):
             return
         links = self.b.net.links()
         names = {c.target for c in raised}
-        out, fails = self.targets(links, [ln for ln in links if ln["name"] in names])
+        out, pre = self.targets(links, [ln for ln in links if ln["name"] in names])
+        fails = [m for _, _, m in pre]
         done = set()
         for addr, label, ln, size in out:
             if (addr, size) in done:
@@ -212,7 +214,8 @@ class Plugin(Subsystem):
         """Read-only probe of the live MTU (for verify --probe)."""
         links = self.b.net.links()
         out, fails = self.targets(links, [ln for _, ln in resolve(self, links, "mtu")[0]])
-        res = [self.result("-", "path mtu", None, None, DRIFT, f) for f in fails]
+        res = [self.result(dev, f"path mtu to {peer}" if peer != "-" else "path mtu", None, None, DRIFT, m)
+               for dev, peer, m in fails]
         for addr, label, ln, size in out:
             ok = self.ping(addr, size)
             res.append(self.result(ln["name"], f"path mtu to {addr}", size if ok else "fails", size,

@@ -204,7 +204,7 @@ network:
   interfaces:
     - match: {{name: {p.a}}}
       mtu: 1500
-  fabric_peers: [{p.ipb}]
+  fabric_peers: [{p.ipb}, 198.19.254.1]
   wan_peers:
     - {{address: 198.18.{p.net}.97, name: hk-sg, rtt_ms: 40, jitter_ms: 8}}
   probe: {{gateway: false}}
@@ -227,6 +227,8 @@ network:
     assert smp[("hkgpu_tune_peer_jitter_threshold_seconds", wan)] == 0.008
     assert ("hkgpu_tune_peer_jitter_threshold_seconds", fab) not in smp
     assert smp[("hkgpu_tune_mtu_probe_ok", (("device", p.a), ("peer", p.ipb)))] == 1
+    # no route from the namespace: found before any ping, and still a 0 the alert sees
+    assert smp[("hkgpu_tune_mtu_probe_ok", (("device", "-"), ("peer", "198.19.254.1")))] == 0
     assert smp[("hkgpu_tune_collector_up", (("collector", "probe"),))] == 1
 
 
