@@ -77,9 +77,9 @@ def test_playbook_on_a_simulated_rack(tmp_path):
                         "  quick: {ping_count: 30, ping_interval_ms: 20, iperf3_runs: 2, iperf3_seconds: 1}\n"
                         # veth throughput and ping times swing with this machine's load (the default
                         # 10 % and 0.5 ms flagged the unchanged host: a p99 of 30 pings is their
-                        # maximum); the 8 KiB cut below costs far more. The controller's compare must
+                        # maximum); the 8 KiB cut below costs 95 % of the receive rate. The controller's compare must
                         # take these from the snapshots (it has no node profile).
-                        "  thresholds: {throughput: {pct: 50}, rtt_p50: {pct: 50, abs: 5}, "
+                        "  thresholds: {throughput: {pct: 75}, rtt_p50: {pct: 50, abs: 5}, "
                         "rtt_p99: {pct: 50, abs: 5}}\n")
         server = subprocess.Popen(["ip", "netns", "exec", f"{simrack.PREFIX}fab", sys.executable, "-m", "hkgpu_tune",
                                    "baseline", "serve", "--port", "5315", "--seconds", "300"], cwd=REPO,
@@ -106,7 +106,7 @@ def test_playbook_on_a_simulated_rack(tmp_path):
             ("throughput", "rtt"))], doc["regressions"]
         assert f"{hosts[1]}: throughput {simrack.FABRIC_PEER} receive" in doc["regressions"]
         rows = {m["key"]: m for m in doc["racks"]["rack_sim1"][hosts[1]]["comparison"]["metrics"]}
-        assert rows[f"throughput {simrack.FABRIC_PEER} receive"]["threshold"] == "50%"
+        assert rows[f"throughput {simrack.FABRIC_PEER} receive"]["threshold"] == "75%"
     finally:
         if server is not None:
             server.terminate()
