@@ -91,7 +91,7 @@ def _mtu_probe(engine) -> list[C.Family]:
     # a failure found before any ping (no route, a link down) is a 0 too, its missing half "-"
     for r in link.probe():
         if r.key.startswith("path mtu"):
-            k = (r.target, r.key[len("path mtu to "):] or "-")
+            k = (r.target, r.key.removeprefix("path mtu").removeprefix(" to ") or "-")
             ok[k] = min(ok.get(k, 1), 1 if r.status == "ok" else 0)
     return [C.Family("hkgpu_tune_mtu_probe_ok", "gauge",
                      "1 if every don't-fragment ping of the profile's MTU reached the peer.",

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict
 
 from .. import report
 from ..errors import HkError
@@ -156,7 +157,7 @@ def capture(profile, quick: bool = False, engine: bool = True) -> tuple[dict, li
             "throughput": tput, "counters": counters, "kernel": kernel, "gpu": gpu, "engine": bench,
             "problems": problems, "timings_s": timings,
             # compare without a profile (rack baseline on the controller) judges by these
-            "thresholds": {k: {"pct": t.pct, "abs": t.abs} for k, t in cfg.thresholds.items()}}
+            "thresholds": {k: asdict(t) for k, t in cfg.thresholds.items()}}
     return report.envelope(COMMAND, data, profile), problems
 
 

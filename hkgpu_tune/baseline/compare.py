@@ -232,24 +232,13 @@ class Comparison:
 def recorded_thresholds(snap: Snapshot) -> dict:
     """The thresholds the node's profile had at capture (`thresholds` in the snapshot), over the
     defaults; a snapshot without them gets the defaults. A bad value is one SnapshotError."""
-    raw = snap.doc.get("thresholds")
     th = dict(settings.THRESHOLDS)
-    if raw is None:
-        return th
-    if not isinstance(raw, dict):
-        raise SnapshotError(f"{snap.path}: thresholds: expected a mapping, got {type(raw).__name__}")
-    for kind, t in raw.items():
-        if kind not in th:
-            continue   # a kind a newer hkgpu-tune knows
-        if not isinstance(t, dict) or set(t) - {"pct", "abs"}:
-            raise SnapshotError(f"{snap.path}: thresholds.{kind}: expected a mapping of pct and abs")
-        vals = {}
-        for k in ("pct", "abs"):
-            v = t.get(k)
-            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= 1e12):
-                raise SnapshotError(f"{snap.path}: thresholds.{kind}.{k}: expected a number 0-1e12 or null, got {v!r}")
-            vals[k] = None if v is None else float(v)
-        th[kind] = settings.Threshold(**vals)
+    raw = snap.doc.get("thresholds")
+    for kind, t in (_row(raw, f"{snap.path}: thresholds") if raw is not None else {}).items():
+        if kind in th:   # else a kind a newer hkgpu-tune knows
+            where = f"{snap.path}: thresholds.{kind}"
+            t = _row(t, where)
+            th[kind] = settings.Threshold(_num(t.get("pct"), where + ".pct"), _num(t.get("abs"), where + ".abs"))
     return th
 
 

@@ -240,7 +240,7 @@ def measure(server: Server, model, point: Point, levels: list[int], duration_s: 
     passed, failed, failed_err = 0, None, False
     for conc in levels:
         if one(conc):
-            passed = max(passed, conc)
+            passed = conc          # levels ascend
         else:
             failed = conc
             break   # more load only adds queueing
@@ -254,9 +254,9 @@ def measure(server: Server, model, point: Point, levels: list[int], duration_s: 
     for _ in range(REFINE_STEPS):
         if not passed or failed is None or failed_err:
             break   # nothing fits, nothing failed, or a load had errors (a broken server)
+        if failed - passed <= max(1, passed // 8):
+            break   # close enough: within an eighth
         mid = (passed + failed) // 2
-        if failed - passed <= max(1, passed // 8) or mid <= passed:
-            break
         if one(mid):
             passed = mid
         else:

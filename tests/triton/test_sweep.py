@@ -131,14 +131,20 @@ def test_mps_asked_for_without_a_running_daemon_is_one_line(prof):
     assert "MPS asked for, but the profile has no mps section or its daemon is not running" in line, line
 
 
-def test_a_load_level_over_the_slo_is_halved_until_one_fits(tmp_path):
-    """64 requests in flight on a model that serves ~800 req/s wait ~80 ms: over a 30 ms SLO. The
-    sweep halves the load (32: ~40 ms, 16: ~20 ms) instead of calling the config unusable."""
-    doc = profile_dict(tmp_path, free_ports(3), delay_us=0, p99_ms=30)
+def slow_profile(tmp_path, p99_ms):
+    """A profile serving slow.py (~800 req/s, max batch 4) with no queue delay."""
+    doc = profile_dict(tmp_path, free_ports(3), delay_us=0, p99_ms=p99_ms)
     m = doc["triton"]["models"][0]
     m["model_file"], m["max_batch_size"] = os.path.join(DATA, "slow.py"), 4
     p = tmp_path / "slow.yaml"
     p.write_text(dump(doc))
+    return p
+
+
+def test_a_load_level_over_the_slo_is_halved_until_one_fits(tmp_path):
+    """64 requests in flight on a model that serves ~800 req/s wait ~80 ms: over a 30 ms SLO. The
+    sweep halves the load (32: ~40 ms, 16: ~20 ms) instead of calling the config unusable."""
+    p = slow_profile(tmp_path, 30)
     r = hk("triton", "sweep", "-p", str(p), "--instances", "1", "--concurrency", "64", "--duration-s", "1.5",
            "--budget-s", "60", "--slo-ms", "30", "--json")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -153,11 +159,7 @@ def test_the_slo_boundary_between_two_levels_is_bisected(tmp_path):
     """Levels 8 (within a 60 ms SLO on a ~800 req/s model) and 64 (~80 ms, over): the sweep measures
     between a level within the SLO and one over it, rather than answering the lower level (the H200
     run of 2026-12-03 went from 96 in flight, over, straight to 48)."""
-    doc = profile_dict(tmp_path, free_ports(3), delay_us=0, p99_ms=60)
-    m = doc["triton"]["models"][0]
-    m["model_file"], m["max_batch_size"] = os.path.join(DATA, "slow.py"), 4
-    p = tmp_path / "slow.yaml"
-    p.write_text(dump(doc))
+    p = slow_profile(tmp_path, 60)
     r = hk("triton", "sweep", "-p", str(p), "--instances", "1", "--concurrency", "8,64", "--duration-s", "1.5",
            "--budget-s", "60", "--slo-ms", "60", "--json")
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
