@@ -453,6 +453,23 @@ def _owner_write(w: Writer, owner, link, mtu: int) -> str:
     return w.write(drop, f"# Written by hkgpu-tune apply --persist\n[Link]\nMTUBytes={mtu}\n")
 
 
+def _forget_textfile(root: str) -> list[str]:
+    """The boot unit is gone: its export's textfile goes too, or node_exporter serves the rolled-back
+    node's last figures for ever. Only where no export.env names a directory: then the hkgpu_verify
+    role's timer writes the file, and its rollback playbook removes it."""
+    from .export import DEFAULT_DIR, FILE_NAME
+    if os.path.lexists(os.path.join(root, EXPORT_ENV)):
+        return []
+    path = os.path.join(root, DEFAULT_DIR.lstrip("/"), FILE_NAME)
+    try:
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return []
+        os.unlink(path)
+    except FileNotFoundError:
+        return []
+    return [f"removed {path} (the boot unit's export)"]
+
+
 def unpersist(state_dir: str) -> list[str]:
     """Remove or restore every file persist wrote (newest first); each entry leaves the state file
     as soon as its file is back. One line per file."""
@@ -476,6 +493,11 @@ def unpersist(state_dir: str) -> list[str]:
                 continue
             entries.remove(c)
             st.save(entries)
+            if c.target.endswith("/" + UNIT_FILE):
+                try:
+                    done += _forget_textfile(c.target[:-len(UNIT_FILE)])
+                except OSError as e:
+                    errs.append(f"{e.filename}: {e.strerror}")
     if errs:
         raise HkError("rollback of persisted files: " + "; ".join(errs) + (f" (done: {'; '.join(done)})" if done else ""))
     return done

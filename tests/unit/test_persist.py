@@ -68,3 +68,21 @@ def test_a_directory_it_made_that_now_holds_another_file_stays(tmp_path):
     assert left == ["etc", "etc/systemd", "etc/systemd/system", "etc/systemd/system/multi-user.target.wants",
                     "etc/systemd/system/multi-user.target.wants/other.service"]
     assert any(d.endswith("hkgpu-tune.service") for d in done)
+
+
+def test_rollback_of_the_boot_unit_removes_its_export_textfile_unless_the_timer_owns_it(tmp_path):
+    """The boot unit of apply --persist writes node_exporter's textfile at every boot; left after
+    rollback, node_exporter would serve the last drift and health figures for ever. With export.env
+    (the hkgpu_verify role's timer writes the file too) it stays: the rollback playbook removes it."""
+    from hkgpu_tune.persist import UNIT_FILE, unpersist
+    for timer in (False, True):
+        root, state = tmp_path / f"root{timer}", str(tmp_path / f"state{timer}")
+        prom = write(root, "var/lib/prometheus/node-exporter/hkgpu-tune.prom", "hkgpu_tune_failures 0\n")
+        other = write(root, "var/lib/prometheus/node-exporter/other.prom", "x 1\n")
+        if timer:
+            write(root, "etc/hkgpu-tune/export.env", "HKGPU_TUNE_TEXTFILE_DIR=/srv/tf\n")
+        writer(root, state).write(UNIT_FILE, "[Unit]\n")
+        done = unpersist(state)
+        assert not os.path.exists(root / UNIT_FILE)
+        assert os.path.exists(prom) == timer and os.path.exists(other), (timer, done)
+        assert any("hkgpu-tune.prom" in d for d in done) != timer
