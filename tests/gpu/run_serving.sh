@@ -31,7 +31,7 @@ if [ "${HK_CHECKS:-0}" = 1 ]; then   # the GPU checks of the collectors, health,
   nvidia-smi --query-gpu=utilization.gpu,temperature.gpu,power.draw,memory.used,pcie.link.gen.current --format=csv >> "$OUT/checks.txt"
 fi
 if [ "$MODE" = diag ]; then
-  timeout 570 python3 bench/serve_diag.py --out "$OUT" "${@:2}"; echo "diag rc=$?"
+  timeout ${DIAG_S:-570} python3 bench/serve_diag.py --out "$OUT" "${@:2}"; echo "diag rc=$?"
 elif [ "$MODE" = quick ]; then
   timeout 300 python3 bench/serve_h200.py --quick --out "$OUT"; echo "bench rc=$?"
   timeout 240 python3 -m pytest -m gpu tests/gpu/test_serving.py -v -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest.txt"
