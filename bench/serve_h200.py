@@ -275,9 +275,10 @@ def run_tuned(args, workdir: str, res: dict) -> None:
     try:
         runs = [] if mps_on and args.instances == [0] else [
             (False, sweep.Grid(max_batch=args.max_batch, delay_us=args.delay_us, instances=args.instances,
+                               preferred=args.preferred,
                                mps=[False], concurrency=args.concurrency))]
         if mps_on:
-            runs.append((True, sweep.Grid(max_batch=args.max_batch, delay_us=args.delay_us,
+            runs.append((True, sweep.Grid(max_batch=args.max_batch, delay_us=args.delay_us, preferred=args.preferred,
                                           instances=args.mps_instances, mps=[True], concurrency=args.concurrency)))
         merged = None
         spent = 0.0
@@ -427,6 +428,8 @@ def main() -> int:
     ap.add_argument("--instances", type=ints, default=[0],
                     help="instance counts swept without MPS (0: none, where MPS runs)")
     ap.add_argument("--mps-instances", type=ints, default=[8, 12], help="instance counts swept with MPS")
+    ap.add_argument("--preferred", type=lambda v: [x.strip() for x in v.split(";") if x.strip()], default=[],
+                    help="preferred batch sizes swept, ';' between choices: e.g. '16,32,64;none' (default: the profile's)")
     ap.add_argument("--concurrency", type=ints, default=[56, 64, 72, 80, 96])
     ap.add_argument("--concurrency-final", type=int, default=0, help="default: the sweep's best level")
     ap.add_argument("--sweep-budget-s", type=float, default=200)

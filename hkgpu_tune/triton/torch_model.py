@@ -8,7 +8,8 @@ cost is the point, nothing is downloaded. More, from the model's `config: {param
 (checked by engine_options): fold_bn (batch norm folded into the convolutions, eval only),
 compile (torch.compile with inductor, one compile for every batch size, then the CUDA graphs),
 compile_cache_dir (inductor's cache, so a restart compiles from it; default: inductor-cache in the
-model's directory), compile_budget_s (a compile slower than this is logged as over the budget).
+model's directory), compile_budget_s (a compile slower than this is logged as over the budget), copy_threads (threads
+that gather a batch's requests into the pinned buffer, default 4).
 A UINT8 input (pixels as a front end decodes them) is scaled to the engine's dtype on the GPU.
 
 >>> eng = TorchEngine("resnet50", batches=[1, 8, 32], device="cuda:0")   # doctest: +SKIP
@@ -280,6 +281,47 @@ class Stats:
             json.dump(doc, f)
 
 
+def copy_threads(params: dict) -> int:
+    """The copy_threads parameter: threads that gather a batch's requests into the pinned buffer."""
+    v = str(params.get("copy_threads", "4")).strip()
+    if not v.isdigit() or not 1 <= int(v) <= 32:
+        raise ValueError(f"parameter copy_threads: {v!r} is not a whole number from 1 to 32")
+    return int(v)
+
+
+class Copier:
+    """Gathers the requests' rows into one buffer. The copy is memory-bound and numpy drops the GIL
+    for it, so a batch of 32 images (4.8 MB) is split over a few threads: one thread took about
+    600 us of each execute() on the H200 machine."""
+
+    MIN_ROWS = 8   # below this the threads' hand-off costs more than the copy
+
+    def __init__(self, threads: int):
+        self.threads = threads
+        self.pool = None
+        if threads > 1:
+            from concurrent.futures import ThreadPoolExecutor
+            self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="hkgpu-copy")
+
+    def gather(self, arrs: list, counts: list[int], out: np.ndarray) -> None:
+        total = sum(counts)
+        if self.pool is None or len(arrs) < self.MIN_ROWS:
+            np.concatenate(arrs, axis=0, out=out[:total])
+            return
+        jobs, row, per = [], 0, -(-len(arrs) // self.threads)
+        for i in range(0, len(arrs), per):   # contiguous runs of requests, one per thread
+            part = arrs[i:i + per]
+            n = sum(counts[i:i + per])
+            jobs.append(self.pool.submit(np.concatenate, part, axis=0, out=out[row:row + n]))
+            row += n
+        for j in jobs:
+            j.result()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=False)
+
+
 class TritonPythonModel:
     """Triton's Python backend: the batcher's requests -> one pinned batch -> one graph replay."""
 
@@ -304,6 +346,7 @@ class TritonPythonModel:
         self.engine = TorchEngine(p.get("torchvision", "resnet50"), sizes, device=f"cuda:{gpu}",
                                   log=lambda m: pb_utils.Logger.log_info(f"{name}: {m}"), **opts)
         self.stats = Stats(str(name).replace("/", "_"))
+        self.copier = Copier(copy_threads(p))
         on = [k for k in ("fp16", "channels_last", "cuda_graphs", "fold_bn", "compile") if opts[k]]
         pb_utils.Logger.log_info(f"{name}: torch engine on cuda:{gpu} ({', '.join(on)}, input {opts['input_type']}), "
                                  f"graphs for batches {sizes} ready in {self.engine.capture_s:.1f} s, "
@@ -317,7 +360,7 @@ class TritonPythonModel:
         total = sum(counts)
         t1 = time.perf_counter()
         if total <= eng.max_batch:   # the batcher's case: one copy into the pinned buffer
-            np.concatenate(arrs, axis=0, out=eng.host_in_np[:total])
+            self.copier.gather(arrs, counts, eng.host_in_np)
             t2 = time.perf_counter()
             out = eng.run_pinned(total)   # a view of the pinned output: the responses copy it
         else:                        # more rows than the largest graph: run it in slices
@@ -330,12 +373,13 @@ class TritonPythonModel:
                 out[s:s + n] = eng.run_pinned(n)
         t3 = time.perf_counter()
         responses, pos = [], 0
-        for c in counts:
-            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(self.out_name, out[pos:pos + c].copy())]))
+        for c in counts:   # the stub copies each response into shared memory before the next execute()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor(self.out_name, out[pos:pos + c])]))
             pos += c
         self.stats.add(len(requests), [t0, t1, t2, t3, time.perf_counter()])
         return responses
 
     def finalize(self):
         self.stats.flush()
+        self.copier.close()
         self.engine = None
