@@ -386,6 +386,53 @@ def chart(rep: Report, path: str) -> str:
 
 
 # ---------------------------------------------------------------- --write
+WRITTEN = ("max_batch_size", "dynamic_batching", "instance_group")   # the config parts a sweep changes
+
+
+def _norm(v):
+    """Config values as compared after --write: numbers as ints, mappings and lists recursively."""
+    if isinstance(v, dict):
+        return {k: _norm(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_norm(x) for x in v]
+    if isinstance(v, str) and v.lstrip("-").isdigit():
+        return int(v)
+    return v
+
+
+def _add_key(text: str, node, key: str, value: str) -> tuple[int, int, str]:
+    """An edit adding `key: value` to a YAML mapping node, in its own style (flow or block)."""
+    import yaml
+    if not isinstance(node, yaml.MappingNode) or not node.value:
+        raise HkError(f"cannot add {key}: its mapping is empty or not a mapping")
+    last_key, last_val = node.value[-1]
+    if node.flow_style:
+        return last_val.end_mark.index, last_val.end_mark.index, f", {key}: {value}"
+    indent = " " * last_key.start_mark.column
+    end = last_val.end_mark.index
+    if isinstance(last_val, yaml.ScalarNode) or last_val.flow_style:
+        nl = text.find("\n", end)   # after the value's line (and any comment on it)
+        end = len(text) if nl < 0 else nl + 1
+        return end, end, f"{indent}{key}: {value}\n" if nl >= 0 else f"\n{indent}{key}: {value}\n"
+    return end, end, f"{indent}{key}: {value}\n"   # a block value ends at the next line's start
+
+
+def _drop_key(text: str, node, key: str) -> tuple[int, int, str]:
+    """An edit removing `key` (and its value) from a YAML mapping node."""
+    pairs = node.value
+    i = next(i for i, (k, _) in enumerate(pairs) if k.value == key)
+    k, v = pairs[i]
+    if node.flow_style:
+        if i > 0:      # from the comma after the previous value
+            return pairs[i - 1][1].end_mark.index, v.end_mark.index, ""
+        if len(pairs) > 1:   # up to the next key
+            return k.start_mark.index, pairs[1][0].start_mark.index, ""
+        return k.start_mark.index, v.end_mark.index, ""
+    start = text.rfind("\n", 0, k.start_mark.index) + 1
+    nl = text.find("\n", v.end_mark.index - 1 if v.end_mark.column == 0 else v.end_mark.index)
+    return start, len(text) if nl < 0 else nl + 1, ""
+
+
 def write_back(profile_path: str, model_name: str, rep: Report) -> str:
     """Put the best config's max_batch_size, queue delay and instance count into the profile file
     in place (comments and layout kept: only those scalars change), with a comment saying when and
@@ -427,9 +474,13 @@ def write_back(profile_path: str, model_name: str, rep: Report) -> str:
                "dynamic_batching.max_queue_delay_microseconds")
     pref = cfg["dynamic_batching"].get("preferred_batch_size")
     pnode = get(db, "preferred_batch_size")
-    if pnode is not None:
-        edits.append((pnode.start_mark.index, pnode.end_mark.index,
-                      "[" + ", ".join(str(x) for x in (pref or [cfg["max_batch_size"]])) + "]"))
+    pref_text = "[" + ", ".join(str(x) for x in pref or []) + "]"
+    if pnode is not None and pref:
+        edits.append((pnode.start_mark.index, pnode.end_mark.index, pref_text))
+    elif pnode is not None:   # measured without preferred sizes: the key goes
+        edits.append(_drop_key(text, db, "preferred_batch_size"))
+    elif pref:                # measured with them: the key is added
+        edits.append(_add_key(text, db, "preferred_batch_size", pref_text))
     ig = get(mnode, "instance_group")
     if not isinstance(ig, yaml.SequenceNode) or not ig.value:
         raise HkError(f"{profile_path}: triton.models[{model_name}].instance_group is not set: "
@@ -450,7 +501,12 @@ def write_back(profile_path: str, model_name: str, rep: Report) -> str:
         text = text[:prev_start] + note + text[line_start:]
     else:
         text = text[:line_start] + note + text[line_start:]
-    parse_profile_text(text, profile_path)   # raises ProfileError: the file stays as it was
+    prof = parse_profile_text(text, profile_path)   # raises ProfileError: the file stays as it was
+    served = prof.section("triton").model(model_name).config
+    diff = [k for k in WRITTEN if _norm(served.get(k)) != _norm(cfg.get(k))]
+    if diff:   # what the node would serve is not what was measured: write nothing
+        raise HkError(f"{profile_path}: triton.models[{model_name}]: after --write, {', '.join(diff)} would "
+                      f"differ from the measured config ({rep.best.label}); the profile is unchanged")
     st = os.stat(profile_path)
     atomic_write(profile_path, text, mode=st.st_mode & 0o7777)
     return profile_path
