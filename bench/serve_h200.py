@@ -73,10 +73,11 @@ def versions() -> dict:
 
 
 class GpuSampler:
-    """NVML utilisation every 100 ms, in a thread, between start() and stop()."""
+    """NVML utilisation every 100 ms, in a thread, between start() and stop(); averaged over the
+    load generator's measured window (not its process start-up and warm-up, when the GPU idles)."""
 
     def __init__(self):
-        self.samples: list[tuple[float, int, int]] = []
+        self.samples: list[tuple[float, float, int]] = []
         self._stop = threading.Event()
         try:
             import pynvml
@@ -88,7 +89,7 @@ class GpuSampler:
     def _run(self):
         while not self._stop.wait(0.1):
             u = self.nv.nvmlDeviceGetUtilizationRates(self.h)
-            self.samples.append((time.monotonic() - T0, u.gpu, u.memory))
+            self.samples.append((time.monotonic() - T0, time.time(), u.gpu))
 
     def start(self):
         self.samples, self._stop = [], threading.Event()
@@ -97,15 +98,19 @@ class GpuSampler:
             self.th.start()
         return self
 
-    def stop(self) -> dict:
+    def stop(self, window=None) -> dict:
         self._stop.set()
         if not self.nv:
             return {"gpu_util_pct": None, "why": self.why}
         self.th.join()
-        vals = sorted(s[1] for s in self.samples)
+        inside = [g for _, w, g in self.samples if window is None or window[0] <= w <= window[1]]
+        vals = sorted(inside)
+        allv = [g for _, _, g in self.samples]
         return {"gpu_util_pct": round(sum(vals) / len(vals), 1) if vals else None,
                 "gpu_util_p10": vals[len(vals) // 10] if vals else None, "samples": len(vals),
-                "series": [[round(t, 2), g] for t, g, _ in self.samples]}
+                "over": "the load's measured window" if window else "start to stop",
+                "gpu_util_pct_start_to_stop": round(sum(allv) / len(allv), 1) if allv else None,
+                "series": [[round(t, 2), g] for t, _, g in self.samples]}
 
 
 def free_port() -> int:
@@ -236,7 +241,7 @@ def serve_and_measure(args, prof: str, t, model, res: dict, mps: bool) -> None:
         loadgen.run(dataclasses.replace(spec, duration_s=3, warmup_s=1))   # warm the connections and batcher
         sampler = GpuSampler().start()
         r = loadgen.run(spec)
-        gpu = sampler.stop()
+        gpu = sampler.stop(r.get("window"))
         res["load"], res["gpu"] = r, gpu
         log(f"tuned ({'MPS' if mps else 'no MPS'}), {args.concurrency_final} in flight: {loadgen.line(r)}; "
             f"GPU {gpu.get('gpu_util_pct')}%")

@@ -268,7 +268,10 @@ def run(spec: LoadSpec) -> dict:
         "p50_ms": round(percentile(vals, 50), 3), "p95_ms": round(percentile(vals, 95), 3),
         "p99_ms": round(percentile(vals, 99), 3), "max_ms": round(vals[-1], 3) if vals else 0.0,
         "client_cpu_cores": round(cpu_s / wall, 2), "machine_cpu_pct": machine_cpu,
-        "cpus": os.cpu_count(), **spec.labels,
+        "cpus": os.cpu_count(),
+        # the measured window (epoch seconds): samples taken alongside (GPU, CPU) are averaged over it
+        "window": [round(start_at + spec.warmup_s, 3), round(start_at + spec.warmup_s + spec.duration_s, 3)],
+        **spec.labels,
     }
     if before and after:
         d = {k: after[k] - before[k] for k in before if k != "gpu_util"}

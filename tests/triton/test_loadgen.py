@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 
 import numpy as np
 import pytest
@@ -53,7 +54,11 @@ def spec(t, **kw):
 @needs_server
 @pytest.mark.parametrize("shm", [False, True])
 def test_closed_loop_counts_what_triton_counts(served, shm):
+    t0 = time.time()
     r = loadgen.run(spec(served, shm=shm))
+    # the measured window (what GPU samples are averaged over): the duration, after start-up and warm-up
+    w0, w1 = r["window"]
+    assert w1 - w0 == pytest.approx(1.5, abs=0.01) and t0 < w0 < w1 <= time.time()
     assert r["errors"] == 0 and r["requests"] > 50, r
     assert r["transport"] == ("http+shm" if shm else "http-binary")
     assert 0 < r["p50_ms"] <= r["p95_ms"] <= r["p99_ms"] <= r["max_ms"]
