@@ -306,16 +306,16 @@ def run_tuned(args, workdir: str, res: dict) -> None:
         bad = sweep.failure(merged)
         if bad:
             raise HkError(bad)
-        sweep.write_back(prof, args.model, merged)
         best_mps = merged.best.mps
-        res["best_config"] = merged.best.label
-        if not args.concurrency_final:   # the load level at which the best config did best
-            args.concurrency_final = merged.best.best["concurrency"]
         if not best_mps and "\nmps:" in open(prof).read():
             # the best config runs without MPS: the service gets no MPS environment
             text = open(prof).read()
             with open(prof, "w") as f:
                 f.write(text.split("\nmps:")[0] + "\n")
+        sweep.write_back(prof, args.model, merged)
+        res["best_config"] = merged.best.label
+        if not args.concurrency_final:   # the load level at which the best config did best
+            args.concurrency_final = merged.best.best["concurrency"]
         t = triton_section(prof)
         model = t.model(args.model)
         res["mps"] = best_mps

@@ -502,6 +502,12 @@ def write_back(profile_path: str, model_name: str, rep: Report) -> str:
     else:
         text = text[:line_start] + note + text[line_start:]
     prof = parse_profile_text(text, profile_path)   # raises ProfileError: the file stays as it was
+    from ..subsystems.triton import section as triton_section
+    if (triton_section(prof).mps is not None) != rep.best.mps:   # node-wide: --write does not change it
+        raise HkError(f"{profile_path}: the best config was measured {'with' if rep.best.mps else 'without'} MPS, "
+                      f"but this profile {'runs' if rep.best.mps is False else 'does not run'} Triton as an MPS "
+                      f"client: sweep with --mps {'on' if rep.best.mps is False else 'off'} (the MPS daemon "
+                      f"running) or change the mps section; the profile is unchanged")
     served = prof.section("triton").model(model_name).config
     diff = [k for k in WRITTEN if _norm(served.get(k)) != _norm(cfg.get(k))]
     if diff:   # what the node would serve is not what was measured: write nothing

@@ -79,3 +79,20 @@ def test_a_measured_setting_the_profile_cannot_carry_writes_nothing(tmp_path):
     with pytest.raises(HkError, match=r"dynamic_batching would differ from the measured config.*unchanged"):
         sweep.write_back(str(path), "m", sweep.Report("m", 10.0, 60.0, points=[pt], best=pt, date="d"))
     assert path.read_text() == before
+
+
+@pytest.mark.parametrize("profile_mps,measured_mps", [(True, False), (False, True)])
+def test_a_config_measured_with_other_mps_than_the_node_runs_writes_nothing(tmp_path, profile_mps, measured_mps):
+    (tmp_path / "model.py").write_text("# model\n")
+    path = tmp_path / "node.yaml"
+    text = MODEL.format(root=tmp_path, batching=BLOCK.rstrip("\n"))
+    if profile_mps:
+        text += f"mps:\n  enabled: true\n  pipe_dir: {tmp_path}/pipe\n  log_dir: {tmp_path}/log\n"
+    path.write_text(text)
+    model = parse_profile_text(text, str(path)).section("triton").model("m")
+    cfg, label, _ = sweep.configs(model, sweep.Grid(delay_us=[500]), False)[0]
+    pt = sweep.Point(cfg, label, measured_mps,
+                     best={"img_s": 1.0, "p99_ms": 1.0, "concurrency": 1, "transport": "http"})
+    with pytest.raises(HkError, match=f"measured {'with' if measured_mps else 'without'} MPS.*unchanged"):
+        sweep.write_back(str(path), "m", sweep.Report("m", 10.0, 60.0, points=[pt], best=pt, date="d"))
+    assert path.read_text() == text
