@@ -35,6 +35,7 @@ from hkgpu_tune.triton import loadgen, sweep  # noqa: E402
 
 SETTINGS = ("persistence_mode,compute_mode,mig.mode.current,ecc.mode.current,power.limit,"
             "clocks.applications.graphics,clocks.applications.memory")
+SERVED_SHARE = 0.85   # the service keeps at least this share of the sweep's figure, or the run warns
 TARGETS = {"throughput_x_naive": 20.0, "tuned_p99_ms": 15.0, "gpu_util_pct": 80.0, "x_limit": 0.5,
            "p99_cut_at_naive_load_pct": 85.0, "launch_to_ready_s": 60.0}
 T0 = time.monotonic()
@@ -407,6 +408,15 @@ def summarise(rec: dict) -> dict:
         ok = None if v is None else (v <= target if k in ("tuned_p99_ms", "launch_to_ready_s") else v >= target)
         checks[k] = {"value": v, "target": target, "pass": ok}
     rec["targets"] = checks
+    # the service against the sweep's own figure for the same config and load: far below it, the
+    # service is not running what was measured (a --write that dropped a setting did exactly that)
+    swept = (((tuned.get("sweep") or {}).get("best") or {}).get("best") or {}).get("img_s")
+    rec["served_x_sweep"] = ratio(rec["tuned_img_s"], swept)
+    if rec["served_x_sweep"] is not None and rec["served_x_sweep"] < SERVED_SHARE:
+        rec.setdefault("warnings", []).append(
+            f"the service served {rec['tuned_img_s']:.0f} img/s, {rec['served_x_sweep']} of the sweep's "
+            f"{swept:.0f} for the same config and load (expected {SERVED_SHARE} or more): check that the "
+            f"served config is the measured one")
     return rec
 
 
@@ -498,6 +508,8 @@ def main() -> int:
     log("targets: " + "; ".join(f"{k} {v['value']} ({'pass' if v['pass'] else 'FAIL' if v['pass'] is False else 'n/a'}"
                                 f", target {v['target']})" for k, v in rec["targets"].items()))
     log(f"settings unchanged: {rec['settings_unchanged']}; MPS processes left: {rec['mps_left'] or 'none'}")
+    for w in rec.get("warnings", []):
+        log(f"WARNING: {w}")
     return 0 if not errors else 1
 
 

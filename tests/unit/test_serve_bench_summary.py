@@ -1,0 +1,35 @@
+"""bench/serve_h200.py's summary on recorded runs: the targets, and the warning when the service
+serves far less than the sweep measured for the same config (the 2026-12-03 --write bug)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(REPO, "bench"))
+serve_h200 = pytest.importorskip("serve_h200", reason="bench/serve_h200.py imports what the bench needs")
+
+
+def recorded(name: str) -> dict:
+    with open(os.path.join(REPO, "docs", "perf", name)) as f:
+        rec = json.load(f)
+    for k in ("targets", "warnings", "served_x_sweep"):
+        rec.pop(k, None)
+    return rec
+
+
+def test_the_run_with_the_dropped_setting_warns():
+    rec = serve_h200.summarise(recorded("serve-h200-2026-12-03-writeback.json"))
+    assert rec["served_x_sweep"] == pytest.approx(7165.2 / 11842.0, abs=0.01)
+    assert len(rec["warnings"]) == 1 and "7165 img/s" in rec["warnings"][0]
+
+
+def test_a_run_that_served_what_it_measured_does_not_warn():
+    rec = serve_h200.summarise(recorded("serve-h200-2026-12-03b.json"))
+    assert rec["served_x_sweep"] == pytest.approx(11085.7 / 11813.0, abs=0.01)
+    assert "warnings" not in rec
+    t = rec["targets"]
+    assert t["tuned_p99_ms"]["pass"] and t["throughput_x_naive"]["pass"] and not t["x_limit"]["pass"]
