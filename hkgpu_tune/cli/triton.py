@@ -240,6 +240,13 @@ def run_sweep(ctx: Context) -> int:
         d = os.path.dirname(os.path.abspath(a.png))
         if not os.path.isdir(d) or not os.access(d, os.W_OK):
             raise HkError(f"--png {a.png}: {d} is not a directory this user can write")
+    if a.write and t.mps is not None and (mps == [False] or (not mps and not sweep.mps_running(t))):
+        # found now, not after the minutes of load: every config would be measured without MPS
+        why = ("--mps off measures without it" if mps == [False] else
+               f"the MPS daemon is not running (no {os.path.join(t.mps.pipe_dir, 'control')}): start it "
+               f"(hkgpu-tune mps start)")
+        raise HkError(f"--write: this profile runs Triton as an MPS client, but {why}; the sweep must measure "
+                      f"what the node serves")
     if not ctx.json:
         ctx.header()
     say = (lambda m: None) if ctx.json else (lambda m: print(m, flush=True))
@@ -250,7 +257,10 @@ def run_sweep(ctx: Context) -> int:
         doc["png"] = sweep.chart(rep, a.png)
     bad = sweep.failure(rep)
     if not bad and a.write:
-        doc["written"] = sweep.write_back(ctx.profile.path, name, rep)
+        try:
+            doc["written"] = sweep.write_back(ctx.profile.path, name, rep)
+        except HkError as e:   # the measurements are still reported; the refusal is the one error line
+            bad = str(e)
     lines = [sweep.table(rep)]
     if doc.get("png"):
         lines.append(f"chart: {doc['png']}")

@@ -20,6 +20,7 @@ import datetime
 import itertools
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -387,6 +388,7 @@ def chart(rep: Report, path: str) -> str:
 
 # ---------------------------------------------------------------- --write
 WRITTEN = ("max_batch_size", "dynamic_batching", "instance_group")   # the config parts a sweep changes
+_INT = re.compile(r"-?[0-9]+")
 
 
 def _norm(v):
@@ -395,12 +397,27 @@ def _norm(v):
         return {k: _norm(x) for k, x in v.items()}
     if isinstance(v, list):
         return [_norm(x) for x in v]
-    if isinstance(v, str) and v.lstrip("-").isdigit():
+    if isinstance(v, str) and _INT.fullmatch(v.strip()):
         return int(v)
     return v
 
 
-def _add_key(text: str, node, key: str, value: str) -> tuple[int, int, str]:
+def _leaf_end(node) -> int:
+    """Where a node's text ends: PyYAML ends a block collection where the next token starts (on a
+    later line, indented), so go down to its last scalar or flow collection."""
+    import yaml
+    while not isinstance(node, yaml.ScalarNode) and not node.flow_style and node.value:
+        node = node.value[-1][1] if isinstance(node, yaml.MappingNode) else node.value[-1]
+    return node.end_mark.index
+
+
+def _line_end(text: str, node) -> int:
+    """The index just past the line break that ends `node` (and any comment on its last line)."""
+    nl = text.find("\n", _leaf_end(node))
+    return len(text) if nl < 0 else nl + 1
+
+
+def _add_key(text: str, node, key: str, value: str, nl: str) -> tuple[int, int, str]:
     """An edit adding `key: value` to a YAML mapping node, in its own style (flow or block)."""
     import yaml
     if not isinstance(node, yaml.MappingNode) or not node.value:
@@ -408,13 +425,9 @@ def _add_key(text: str, node, key: str, value: str) -> tuple[int, int, str]:
     last_key, last_val = node.value[-1]
     if node.flow_style:
         return last_val.end_mark.index, last_val.end_mark.index, f", {key}: {value}"
-    indent = " " * last_key.start_mark.column
-    end = last_val.end_mark.index
-    if isinstance(last_val, yaml.ScalarNode) or last_val.flow_style:
-        nl = text.find("\n", end)   # after the value's line (and any comment on it)
-        end = len(text) if nl < 0 else nl + 1
-        return end, end, f"{indent}{key}: {value}\n" if nl >= 0 else f"\n{indent}{key}: {value}\n"
-    return end, end, f"{indent}{key}: {value}\n"   # a block value ends at the next line's start
+    end = _line_end(text, last_val)
+    pre = "" if text[end - 1:end] == "\n" else nl   # the file's last line had no line break
+    return end, end, f"{pre}{' ' * last_key.start_mark.column}{key}: {value}{nl}"
 
 
 def _drop_key(text: str, node, key: str) -> tuple[int, int, str]:
@@ -428,22 +441,42 @@ def _drop_key(text: str, node, key: str) -> tuple[int, int, str]:
         if len(pairs) > 1:   # up to the next key
             return k.start_mark.index, pairs[1][0].start_mark.index, ""
         return k.start_mark.index, v.end_mark.index, ""
-    start = text.rfind("\n", 0, k.start_mark.index) + 1
-    nl = text.find("\n", v.end_mark.index - 1 if v.end_mark.column == 0 else v.end_mark.index)
-    return start, len(text) if nl < 0 else nl + 1, ""
+    return text.rfind("\n", 0, k.start_mark.index) + 1, _line_end(text, v), ""
+
+
+def _expected_doc(text: str, model_name: str, cfg: dict):
+    """The profile as data with only the swept values changed: what the rewritten file must load as."""
+    import yaml
+    doc = yaml.safe_load(text)
+    m = next(m for m in doc["triton"]["models"] if m.get("name") == model_name)
+    m["max_batch_size"] = cfg["max_batch_size"]
+    db = m["dynamic_batching"]
+    db["max_queue_delay_microseconds"] = cfg["dynamic_batching"]["max_queue_delay_microseconds"]
+    pref = cfg["dynamic_batching"].get("preferred_batch_size")
+    if pref:
+        db["preferred_batch_size"] = list(pref)
+    else:
+        db.pop("preferred_batch_size", None)
+    m["instance_group"][0]["count"] = cfg["instance_group"][0]["count"]
+    return doc
 
 
 def write_back(profile_path: str, model_name: str, rep: Report) -> str:
-    """Put the best config's max_batch_size, queue delay and instance count into the profile file
-    in place (comments and layout kept: only those scalars change), with a comment saying when and
-    what was measured. The result is parsed again before it replaces the file."""
+    """Put the best config's max_batch_size, queue delay, preferred sizes and instance count into the
+    profile file in place (comments and layout kept: only those values change), with a comment saying
+    when and what was measured. Nothing is written unless the result loads as the old profile with
+    just those values changed, and renders the measured config under the same MPS setting."""
     import yaml
+    from ..errors import ProfileError
     from ..fsutil import atomic_write
     from ..profile import parse_profile_text
+    from ..subsystems.triton import section as triton_section
     if not rep.best:
         raise HkError("triton sweep: nothing to write: no config met the SLO")
-    with open(profile_path) as f:
+    with open(profile_path, newline="") as f:   # line endings kept as they are
         text = f.read()
+    nl = "\r\n" if "\r\n" in text else "\n"
+    old_text = text
     root = yaml.compose(text)
     cfg = rep.best.config
 
@@ -476,11 +509,11 @@ def write_back(profile_path: str, model_name: str, rep: Report) -> str:
     pnode = get(db, "preferred_batch_size")
     pref_text = "[" + ", ".join(str(x) for x in pref or []) + "]"
     if pnode is not None and pref:
-        edits.append((pnode.start_mark.index, pnode.end_mark.index, pref_text))
+        edits.append((pnode.start_mark.index, _leaf_end(pnode), pref_text))
     elif pnode is not None:   # measured without preferred sizes: the key goes
         edits.append(_drop_key(text, db, "preferred_batch_size"))
     elif pref:                # measured with them: the key is added
-        edits.append(_add_key(text, db, "preferred_batch_size", pref_text))
+        edits.append(_add_key(text, db, "preferred_batch_size", pref_text, nl))
     ig = get(mnode, "instance_group")
     if not isinstance(ig, yaml.SequenceNode) or not ig.value:
         raise HkError(f"{profile_path}: triton.models[{model_name}].instance_group is not set: "
@@ -494,25 +527,33 @@ def write_back(profile_path: str, model_name: str, rep: Report) -> str:
     indent = " " * (len(prefix) - len(prefix.lstrip()))
     note = (f"{indent}# hkgpu-tune triton sweep {rep.date}: best of {len(rep.points)} configs under p99 "
             f"{rep.slo_ms:g} ms: {rep.best.label}: {b['img_s']:.0f} img/s, p99 {b['p99_ms']:.2f} ms "
-            f"at concurrency {b['concurrency']} ({b['transport']})\n")
+            f"at concurrency {b['concurrency']} ({b['transport']}){nl}")
     # one sweep comment per model: a later sweep replaces the earlier one
     prev_start = text.rfind("\n", 0, line_start - 1) + 1
     if text[prev_start:line_start].lstrip().startswith("# hkgpu-tune triton sweep"):
         text = text[:prev_start] + note + text[line_start:]
     else:
         text = text[:line_start] + note + text[line_start:]
-    prof = parse_profile_text(text, profile_path)   # raises ProfileError: the file stays as it was
-    from ..subsystems.triton import section as triton_section
+    unchanged = "the profile is unchanged"
+    try:
+        prof = parse_profile_text(text, profile_path)
+        same = yaml.safe_load(text) == _expected_doc(old_text, model_name, cfg)
+    except (ProfileError, yaml.YAMLError) as e:
+        raise HkError(f"{profile_path}: --write could not edit this layout (the rewritten text would not load: "
+                      f"{str(e).splitlines()[0]}); {unchanged}") from None
+    if not same:   # an edit reached past the values it meant to change
+        raise HkError(f"{profile_path}: --write could not edit this layout (the rewritten text changes more "
+                      f"than the swept values); {unchanged}")
     if (triton_section(prof).mps is not None) != rep.best.mps:   # node-wide: --write does not change it
         raise HkError(f"{profile_path}: the best config was measured {'with' if rep.best.mps else 'without'} MPS, "
                       f"but this profile {'runs' if rep.best.mps is False else 'does not run'} Triton as an MPS "
                       f"client: sweep with --mps {'on' if rep.best.mps is False else 'off'} (the MPS daemon "
-                      f"running) or change the mps section; the profile is unchanged")
+                      f"running) or change the mps section; {unchanged}")
     served = prof.section("triton").model(model_name).config
     diff = [k for k in WRITTEN if _norm(served.get(k)) != _norm(cfg.get(k))]
     if diff:   # what the node would serve is not what was measured: write nothing
         raise HkError(f"{profile_path}: triton.models[{model_name}]: after --write, {', '.join(diff)} would "
-                      f"differ from the measured config ({rep.best.label}); the profile is unchanged")
+                      f"differ from the measured config ({rep.best.label}); {unchanged}")
     st = os.stat(profile_path)
     atomic_write(profile_path, text, mode=st.st_mode & 0o7777)
     return profile_path

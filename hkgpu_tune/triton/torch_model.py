@@ -19,6 +19,7 @@ A UINT8 input (pixels as a front end decodes them) is scaled to the engine's dty
 import json
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor, wait
 
 import numpy as np
 
@@ -300,12 +301,11 @@ class Copier:
         self.threads = threads
         self.pool = None
         if threads > 1:
-            from concurrent.futures import ThreadPoolExecutor
             self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="hkgpu-copy")
 
     def gather(self, arrs: list, counts: list[int], out: np.ndarray) -> None:
         total = sum(counts)
-        if self.pool is None or len(arrs) < self.MIN_ROWS:
+        if self.pool is None or len(arrs) < 2 or total < self.MIN_ROWS:
             np.concatenate(arrs, axis=0, out=out[:total])
             return
         jobs, row, per = [], 0, -(-len(arrs) // self.threads)
@@ -314,6 +314,7 @@ class Copier:
             n = sum(counts[i:i + per])
             jobs.append(self.pool.submit(np.concatenate, part, axis=0, out=out[row:row + n]))
             row += n
+        wait(jobs)   # all done before any error is raised: none still writes into the buffer
         for j in jobs:
             j.result()
 
@@ -339,6 +340,7 @@ class TritonPythonModel:
         sizes = [s for s in sizes if s <= max_batch] or graph_batches(max_batch, preferred)
         if max_batch not in sizes:
             sizes.append(max_batch)
+        threads = copy_threads(p)   # checked before the minutes of compile and capture
         gpu = int(args.get("model_instance_device_id") or 0)
         if args.get("model_instance_kind") == "CPU":
             gpu = 0   # a CPU instance still drives the first visible GPU
@@ -346,7 +348,7 @@ class TritonPythonModel:
         self.engine = TorchEngine(p.get("torchvision", "resnet50"), sizes, device=f"cuda:{gpu}",
                                   log=lambda m: pb_utils.Logger.log_info(f"{name}: {m}"), **opts)
         self.stats = Stats(str(name).replace("/", "_"))
-        self.copier = Copier(copy_threads(p))
+        self.copier = Copier(threads)
         on = [k for k in ("fp16", "channels_last", "cuda_graphs", "fold_bn", "compile") if opts[k]]
         pb_utils.Logger.log_info(f"{name}: torch engine on cuda:{gpu} ({', '.join(on)}, input {opts['input_type']}), "
                                  f"graphs for batches {sizes} ready in {self.engine.capture_s:.1f} s, "

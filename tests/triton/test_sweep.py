@@ -131,6 +131,19 @@ def test_mps_asked_for_without_a_running_daemon_is_one_line(prof):
     assert "MPS asked for, but the profile has no mps section or its daemon is not running" in line, line
 
 
+def test_write_on_an_mps_node_without_its_daemon_is_refused_before_any_load(prof, tmp_path):
+    """Every config would be measured without MPS, then served under it: refused up front."""
+    text = prof.read_text() + f"mps:\n  enabled: true\n  pipe_dir: {tmp_path}/pipe\n  log_dir: {tmp_path}/log\n"
+    prof.write_text(text)
+    for extra in ([], ["--mps", "off"]):
+        line = one_line_error(hk("triton", "sweep", "-p", str(prof), "--budget-s", "60", "--slo-ms", "500",
+                                 "--write", *extra, timeout=60))
+        assert "--write: this profile runs Triton as an MPS client" in line, line
+        assert ("--mps off" if extra else "daemon is not running") in line, line
+    assert prof.read_text() == text
+    assert not (tmp_path / "run").exists() or not os.listdir(tmp_path / "run")   # no server was started
+
+
 def slow_profile(tmp_path, p99_ms):
     """A profile serving slow.py (~800 req/s, max batch 4) with no queue delay."""
     doc = profile_dict(tmp_path, free_ports(3), delay_us=0, p99_ms=p99_ms)

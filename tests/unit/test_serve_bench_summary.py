@@ -33,3 +33,10 @@ def test_a_run_that_served_what_it_measured_does_not_warn():
     assert "warnings" not in rec
     t = rec["targets"]
     assert t["tuned_p99_ms"]["pass"] and t["throughput_x_naive"]["pass"] and not t["x_limit"]["pass"]
+
+
+def test_a_final_load_other_than_the_sweeps_is_not_compared():
+    rec = recorded("serve-h200-2026-12-03-writeback.json")
+    rec["tuned"]["load"]["concurrency"] = 40   # --concurrency-final chose another load
+    rec = serve_h200.summarise(rec)
+    assert rec["served_x_sweep"] is not None and "warnings" not in rec

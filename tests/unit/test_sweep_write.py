@@ -5,6 +5,7 @@ the service ran a config nobody measured.)"""
 from __future__ import annotations
 
 import pytest
+import yaml
 
 from hkgpu_tune.errors import HkError
 from hkgpu_tune.profile import parse_profile_text
@@ -34,36 +35,58 @@ BLOCK_PREF = ("      dynamic_batching:\n        preferred_batch_size: [4, 8]\n"
               "        max_queue_delay_microseconds: 100\n")
 FLOW_PREF = "      dynamic_batching: {preferred_batch_size: [4, 8], max_queue_delay_microseconds: 100}\n"
 FLOW_PREF_LAST = "      dynamic_batching: {max_queue_delay_microseconds: 100, preferred_batch_size: [4, 8]}\n"
+# block collections as the last value: PyYAML ends them where the next key starts, not at a line end
+BLOCK_SEQ_PREF = ("      dynamic_batching:\n        max_queue_delay_microseconds: 100\n"
+                  "        preferred_batch_size:\n          - 4\n          - 8   # by hand\n")
+BLOCK_NESTED = ("      dynamic_batching:\n        max_queue_delay_microseconds: 100\n"
+                "        default_queue_policy:\n          timeout_action: REJECT\n")
+LAYOUTS = [BLOCK, FLOW, BLOCK_PREF, FLOW_PREF, FLOW_PREF_LAST, BLOCK_SEQ_PREF, BLOCK_NESTED]
 
 
-def write_and_read(tmp_path, batching: str, grid: sweep.Grid):
+def unswept(text: str):
+    """The profile as data without the values a sweep may change."""
+    doc = yaml.safe_load(text)
+    m = doc["triton"]["models"][0]
+    for k in ("max_batch_size",):
+        m.pop(k)
+    m["dynamic_batching"].pop("max_queue_delay_microseconds")
+    m["dynamic_batching"].pop("preferred_batch_size", None)
+    m["instance_group"][0].pop("count")
+    return doc
+
+
+def write_and_read(tmp_path, batching: str, grid: sweep.Grid, nl: str = "\n"):
     (tmp_path / "model.py").write_text("# model\n")
     path = tmp_path / "node.yaml"
-    path.write_text(MODEL.format(root=tmp_path, batching=batching.rstrip("\n")))
+    path.write_bytes(MODEL.format(root=tmp_path, batching=batching.rstrip("\n")).replace("\n", nl).encode())
     model = parse_profile_text(path.read_text(), str(path)).section("triton").model("m")
     cfg, label, mps = sweep.configs(model, grid, False)[0]
     pt = sweep.Point(cfg, label, mps, best={"img_s": 100.0, "p99_ms": 5.0, "concurrency": 8, "transport": "http"})
     rep = sweep.Report("m", 10.0, 60.0, points=[pt], best=pt, date="2026-12-03T00:00:00+00:00")
-    before = path.read_text()
+    before = path.read_bytes().decode()
     sweep.write_back(str(path), "m", rep)
-    text = path.read_text()
+    text = path.read_bytes().decode()
     served = parse_profile_text(text, str(path)).section("triton").model("m").config
     return before, text, served, cfg
 
 
-@pytest.mark.parametrize("batching", [BLOCK, FLOW, BLOCK_PREF, FLOW_PREF, FLOW_PREF_LAST])
+@pytest.mark.parametrize("batching", LAYOUTS)
 @pytest.mark.parametrize("pref", ["8,16", "none", "max"])
-def test_the_profile_renders_what_was_measured(tmp_path, batching, pref):
+@pytest.mark.parametrize("nl", ["\n", "\r\n"])
+def test_the_profile_renders_what_was_measured(tmp_path, batching, pref, nl):
     grid = sweep.Grid(max_batch=[32], delay_us=[2000], instances=[4], preferred=[pref])
-    before, text, served, cfg = write_and_read(tmp_path, batching, grid)
+    before, text, served, cfg = write_and_read(tmp_path, batching, grid, nl)
     for key in ("max_batch_size", "dynamic_batching", "instance_group"):
         assert served[key] == cfg[key], (key, text)
+    assert unswept(text) == unswept(before), text            # nothing else moved
+    assert text.count("\n") == text.count(nl), "line endings kept"
     assert ("preferred_batch_size" in served["dynamic_batching"]) == (pref != "none"), text
     # only the swept values and the sweep's comment changed: the operator's lines are kept
     assert "# the operator's comment" in text and text.count("# hkgpu-tune triton sweep") == 1
-    if "tuned by hand" in before:
-        assert "# tuned by hand" in text
-    assert len(text.splitlines()) - len(before.splitlines()) in (0, 1, 2)
+    for note in ("# tuned by hand", "# by hand"):
+        if note in before and pref != "none":
+            assert note in text
+    assert -3 <= len(text.splitlines()) - len(before.splitlines()) <= 2   # a comment, a key, a block list
 
 
 def test_a_measured_setting_the_profile_cannot_carry_writes_nothing(tmp_path):

@@ -28,9 +28,9 @@ class FakeEngine:
 
 
 def fake_pb_utils():
-    class Tensor:
+    class Tensor:   # keeps a reference, as pb_utils.Tensor does; the test copies it as the stub does
         def __init__(self, name, arr):
-            self.name, self.arr = name, np.array(arr)   # the stub copies into shared memory
+            self.name, self.arr = name, arr
 
     class Resp:
         def __init__(self, tensors):
@@ -60,9 +60,10 @@ def test_each_response_gets_its_own_rows(monkeypatch, threads, rows):
     for _ in range(2):   # the second batch reuses the buffers
         resps = m.execute(reqs)
         assert len(resps) == len(reqs)
-        for r, resp in zip(reqs, resps):
+        # the stub copies every response into shared memory after execute() returns, before the next
+        sent = [np.array(resp.tensors[0].arr) for resp in resps]
+        for r, got in zip(reqs, sent):
             x = r["INPUT"].reshape(len(r["INPUT"]), -1).astype(np.float32)
-            got = resp.tensors[0].arr
             assert got.shape == (len(x), 2)
             np.testing.assert_array_equal(got[:, 0], x.sum(axis=1))
             np.testing.assert_array_equal(got[:, 1], x[:, 0])
