@@ -12,7 +12,6 @@ Each subcommand: a parser added in add_parser and one run_* function of the Cont
 """
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import sys
