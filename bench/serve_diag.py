@@ -161,14 +161,14 @@ def main() -> int:
     mps = p.returncode == 0 and sweep.mps_running(t)
     log(f"MPS {'on' if mps else 'off: ' + (p.stdout + p.stderr)[-300:]}")
     u8 = {"sync": "blocking"}
-    variants = [  # name, max_batch, delay, instances, params, input type, loadgen processes
-        ("uint8, 8 inst, spin", 32, 200, 8, {"sync": "spin"}, "UINT8", 6),
-        ("uint8, 8 inst, blocking", 32, 200, 8, u8, "UINT8", 6),
-        ("uint8, 4 inst, blocking", 32, 200, 4, u8, "UINT8", 6),
-        ("uint8, 12 inst, blocking", 32, 200, 12, u8, "UINT8", 6),
-        ("uint8, 6 inst, blocking, mb 16", 16, 200, 6, u8, "UINT8", 6),
+    variants = [  # name, max_batch, delay, instances, params, input type, loadgen processes, preferred
+        ("uint8, 8 inst, spin", 32, 200, 8, {"sync": "spin"}, "UINT8", 6, ()),
+        ("uint8, 8 inst, blocking", 32, 200, 8, u8, "UINT8", 6, ()),
+        ("uint8, 4 inst, blocking", 32, 200, 4, u8, "UINT8", 6, ()),
+        ("uint8, 12 inst, blocking", 32, 200, 12, u8, "UINT8", 6, ()),
+        ("uint8, 6 inst, blocking, mb 16", 16, 200, 6, u8, "UINT8", 6, ()),
         ("compile uint8, 8 inst, blocking", 32, 200, 8, {"compile": "true", "compile_cache_dir": cache, **u8},
-         "UINT8", 6),
+         "UINT8", 6, ()),
     ]
     if args.variants:
         comp = {"compile": "true", "compile_cache_dir": cache, **u8}
@@ -187,10 +187,10 @@ def main() -> int:
     try:
         server = sweep.Server(t, tempfile.mkdtemp(prefix="hkgpu-diag-sweep-"), mps)
         log(f"server ready in {server.ready_s:.1f} s")
-        for name, mb, delay, inst, params, dtype, procs, *pref in variants:
+        for name, mb, delay, inst, params, dtype, procs, pref in variants:
             # the stats are cumulative per stub process (a stub may serve several variants): deltas
             before = {f: read_json(f) for f in glob.glob(os.path.join(stats, "*.json"))}
-            cfg = variant_cfg(model.config, mb, delay, inst, params, dtype, pref[0] if pref else ())
+            cfg = variant_cfg(model.config, mb, delay, inst, params, dtype, pref)
             m = dataclasses.replace(model, config=cfg)
             row = {"name": name, "mb": mb, "delay": delay, "instances": inst, "params": params, "input": dtype,
                    "processes": procs, "loads": []}

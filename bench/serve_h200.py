@@ -104,13 +104,10 @@ class GpuSampler:
         if not self.nv:
             return {"gpu_util_pct": None, "why": self.why}
         self.th.join()
-        inside = [g for _, w, g in self.samples if window is None or window[0] <= w <= window[1]]
-        vals = sorted(inside)
-        allv = [g for _, _, g in self.samples]
+        vals = sorted(g for _, w, g in self.samples if window is None or window[0] <= w <= window[1])
         return {"gpu_util_pct": round(sum(vals) / len(vals), 1) if vals else None,
                 "gpu_util_p10": vals[len(vals) // 10] if vals else None, "samples": len(vals),
                 "over": "the load's measured window" if window else "start to stop",
-                "gpu_util_pct_start_to_stop": round(sum(allv) / len(allv), 1) if allv else None,
                 "series": [[round(t, 2), g] for t, _, g in self.samples]}
 
 
@@ -444,7 +441,7 @@ def main() -> int:
     ap.add_argument("--instances", type=ints, default=[0],
                     help="instance counts swept without MPS (0: none, where MPS runs)")
     ap.add_argument("--mps-instances", type=ints, default=[8, 12], help="instance counts swept with MPS")
-    ap.add_argument("--preferred", type=lambda v: [x.strip() for x in v.split(";") if x.strip()], default=[],
+    ap.add_argument("--preferred", type=sweep.preferred_choices, default=[],
                     help="preferred batch sizes swept, ';' between choices: e.g. '16,32,64;none' (default: the profile's)")
     ap.add_argument("--concurrency", type=ints, default=[56, 64, 72, 80, 96])
     ap.add_argument("--concurrency-final", type=int, default=0, help="default: the sweep's best level")

@@ -52,7 +52,7 @@ def add_parser(sub) -> None:
     q.add_argument("--max-batch", type=_ints, default=[], help="max_batch_size values, e.g. 32,64,128")
     q.add_argument("--delay-us", type=_ints, default=[], help="max_queue_delay_microseconds values, e.g. 0,500,2000")
     q.add_argument("--instances", type=_ints, default=[], help="instance counts, e.g. 1,2,4")
-    q.add_argument("--preferred", type=lambda v: [x for x in v.split(";") if x], default=[],
+    q.add_argument("--preferred", type=_preferred, default=[],
                    help="preferred batch sizes to try, ';'-separated: none;max;8,16")
     q.add_argument("--mps", choices=("profile", "on", "off", "both"), default="profile",
                    help="MPS on/off (needs the profile's mps section and its daemon running)")
@@ -72,6 +72,11 @@ def add_parser(sub) -> None:
     q.add_argument("--opset", type=int, default=17)
     q.add_argument("--json", action="store_true")
     q.set_defaults(run=run_export)
+
+
+def _preferred(v: str) -> list[str]:
+    from ..triton.sweep import preferred_choices
+    return preferred_choices(v)
 
 
 def _ints(v: str) -> list[int]:

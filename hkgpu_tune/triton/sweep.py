@@ -20,7 +20,6 @@ import datetime
 import itertools
 import json
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -75,6 +74,11 @@ class Report:
 
 
 # ---------------------------------------------------------------- configs
+def preferred_choices(v: str) -> list[str]:
+    """--preferred: choices of preferred sizes separated by ';' ("none;max;8,16")."""
+    return [x.strip() for x in v.split(";") if x.strip()]
+
+
 def _parse_preferred(v: str, max_batch: int) -> list[int] | None:
     if v == "none":
         return None
@@ -388,18 +392,6 @@ def chart(rep: Report, path: str) -> str:
 
 # ---------------------------------------------------------------- --write
 WRITTEN = ("max_batch_size", "dynamic_batching", "instance_group")   # the config parts a sweep changes
-_INT = re.compile(r"-?[0-9]+")
-
-
-def _norm(v):
-    """Config values as compared after --write: numbers as ints, mappings and lists recursively."""
-    if isinstance(v, dict):
-        return {k: _norm(x) for k, x in v.items()}
-    if isinstance(v, list):
-        return [_norm(x) for x in v]
-    if isinstance(v, str) and _INT.fullmatch(v.strip()):
-        return int(v)
-    return v
 
 
 def _leaf_end(node) -> int:
@@ -418,10 +410,7 @@ def _line_end(text: str, node) -> int:
 
 
 def _add_key(text: str, node, key: str, value: str, nl: str) -> tuple[int, int, str]:
-    """An edit adding `key: value` to a YAML mapping node, in its own style (flow or block)."""
-    import yaml
-    if not isinstance(node, yaml.MappingNode) or not node.value:
-        raise HkError(f"cannot add {key}: its mapping is empty or not a mapping")
+    """An edit adding `key: value` to a YAML mapping node (not empty), in its own style (flow or block)."""
     last_key, last_val = node.value[-1]
     if node.flow_style:
         return last_val.end_mark.index, last_val.end_mark.index, f", {key}: {value}"
@@ -431,16 +420,13 @@ def _add_key(text: str, node, key: str, value: str, nl: str) -> tuple[int, int, 
 
 
 def _drop_key(text: str, node, key: str) -> tuple[int, int, str]:
-    """An edit removing `key` (and its value) from a YAML mapping node."""
+    """An edit removing `key` (and its value) from a YAML mapping node of two keys or more."""
     pairs = node.value
     i = next(i for i, (k, _) in enumerate(pairs) if k.value == key)
     k, v = pairs[i]
-    if node.flow_style:
-        if i > 0:      # from the comma after the previous value
-            return pairs[i - 1][1].end_mark.index, v.end_mark.index, ""
-        if len(pairs) > 1:   # up to the next key
-            return k.start_mark.index, pairs[1][0].start_mark.index, ""
-        return k.start_mark.index, v.end_mark.index, ""
+    if node.flow_style:   # from the comma after the previous value, or up to the next key
+        return ((pairs[i - 1][1].end_mark.index, v.end_mark.index, "") if i > 0
+                else (k.start_mark.index, pairs[1][0].start_mark.index, ""))
     return text.rfind("\n", 0, k.start_mark.index) + 1, _line_end(text, v), ""
 
 
@@ -450,7 +436,9 @@ def _expected_doc(text: str, model_name: str, cfg: dict):
     doc = yaml.safe_load(text)
     m = next(m for m in doc["triton"]["models"] if m.get("name") == model_name)
     m["max_batch_size"] = cfg["max_batch_size"]
-    db = m["dynamic_batching"]
+    # copies: a YAML alias may share these with another model, which must come out unchanged
+    db = m["dynamic_batching"] = dict(m["dynamic_batching"])
+    m["instance_group"] = [dict(g) for g in m["instance_group"]]
     db["max_queue_delay_microseconds"] = cfg["dynamic_batching"]["max_queue_delay_microseconds"]
     pref = cfg["dynamic_batching"].get("preferred_batch_size")
     if pref:
@@ -550,7 +538,7 @@ def write_back(profile_path: str, model_name: str, rep: Report) -> str:
                       f"client: sweep with --mps {'on' if rep.best.mps is False else 'off'} (the MPS daemon "
                       f"running) or change the mps section; {unchanged}")
     served = prof.section("triton").model(model_name).config
-    diff = [k for k in WRITTEN if _norm(served.get(k)) != _norm(cfg.get(k))]
+    diff = [k for k in WRITTEN if served.get(k) != cfg.get(k)]
     if diff:   # what the node would serve is not what was measured: write nothing
         raise HkError(f"{profile_path}: triton.models[{model_name}]: after --write, {', '.join(diff)} would "
                       f"differ from the measured config ({rep.best.label}); {unchanged}")

@@ -119,3 +119,21 @@ def test_a_config_measured_with_other_mps_than_the_node_runs_writes_nothing(tmp_
     with pytest.raises(HkError, match=f"measured {'with' if measured_mps else 'without'} MPS.*unchanged"):
         sweep.write_back(str(path), "m", sweep.Report("m", 10.0, 60.0, points=[pt], best=pt, date="d"))
     assert path.read_text() == text
+
+
+def test_an_edit_that_would_change_another_model_writes_nothing(tmp_path):
+    """A YAML anchor shares the batching with a second model: writing it would retune that model too."""
+    (tmp_path / "model.py").write_text("# model\n")
+    path = tmp_path / "node.yaml"
+    text = MODEL.format(root=tmp_path, batching=FLOW.rstrip("\n")).replace("dynamic_batching: {", "dynamic_batching: &db {")
+    text += (f"    - name: other\n      backend: python\n      model_file: {tmp_path}/model.py\n"
+             "      max_batch_size: 8\n      inputs: [{name: IN, data_type: FP32, dims: [4]}]\n"
+             "      outputs: [{name: OUT, data_type: FP32, dims: [4]}]\n      dynamic_batching: *db\n"
+             "      instance_group: [{count: 1, kind: KIND_CPU}]\n")
+    path.write_text(text)
+    model = parse_profile_text(text, str(path)).section("triton").model("m")
+    cfg, label, _ = sweep.configs(model, sweep.Grid(delay_us=[2000]), False)[0]
+    pt = sweep.Point(cfg, label, False, best={"img_s": 1.0, "p99_ms": 1.0, "concurrency": 1, "transport": "http"})
+    with pytest.raises(HkError, match="changes more than the swept values.*unchanged"):
+        sweep.write_back(str(path), "m", sweep.Report("m", 10.0, 60.0, points=[pt], best=pt, date="d"))
+    assert path.read_text() == text
