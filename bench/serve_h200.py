@@ -213,7 +213,13 @@ def hk(*argv, timeout=300) -> subprocess.CompletedProcess:
 def tuned_profile(args, workdir: str) -> str:
     """The bench profile, copied (the sweep writes its best config into the copy, not the source)."""
     dst = os.path.join(workdir, "profile.yaml")
-    shutil.copyfile(args.profile, dst)
+    text = open(args.profile).read()
+    if args.backend != "auto":
+        if "backend: auto" not in text:
+            raise HkError(f"{args.profile}: --backend {args.backend} needs 'backend: auto' in the model's build")
+        text = text.replace("backend: auto", f"backend: {args.backend}", 1)
+    with open(dst, "w") as f:
+        f.write(text)
     return dst
 
 
@@ -431,6 +437,8 @@ def main() -> int:
     ap.add_argument("--no-naive", action="store_true")
     ap.add_argument("--no-limit", action="store_true")
     ap.add_argument("--no-mps", dest="mps", action="store_false")
+    ap.add_argument("--backend", choices=("auto", "hkbatch", "python"), default="auto",
+                    help="the torch engine's Triton backend (the profile's build: backend)")
     ap.add_argument("--also-http", action="store_true", help="also measure the other transport at the best config")
     ap.add_argument("--shm", action=argparse.BooleanOptionalAction, default=True,
                     help="inputs in system shared memory (default) or binary HTTP bodies")

@@ -50,7 +50,8 @@ class Endpoint:
 @dataclass(frozen=True)
 class Build:
     """How the served engine is made: ONNX -> TensorRT plan with trtexec, or (no TensorRT) a
-    torchvision model run by torch in fp16 with CUDA graphs, served by the Python backend."""
+    torchvision model run by torch in fp16 with CUDA graphs, served by the hkbatch backend (a batch
+    gathered in C++, one Python call per batch) where it can be built, else the Python backend."""
     onnx: str | None = None
     fp16: bool = True
     int8: bool = False
@@ -61,6 +62,7 @@ class Build:
     workspace_mib: int | None = None
     torchvision: str | None = None     # the torch engine's model (random weights)
     engine: str = "auto"               # auto | tensorrt | torch
+    backend: str = "auto"              # the torch engine's Triton backend: auto | hkbatch | python
     cuda_graphs: bool = True
     channels_last: bool = True
     image_size: int = 224
@@ -183,7 +185,7 @@ def _plain(n, key: str = ""):
 
 def _build(n, base: str) -> Build:
     m = n.mapping(("onnx", "fp16", "int8", "calibration_cache", "min_batch", "opt_batch", "max_batch",
-                   "workspace_mib", "torchvision", "engine", "cuda_graphs", "channels_last", "image_size"))
+                   "workspace_mib", "torchvision", "engine", "backend", "cuda_graphs", "channels_last", "image_size"))
     if "onnx" not in m and "torchvision" not in m:
         raise n.error("give 'onnx' (built into a TensorRT plan) or 'torchvision' (the torch engine), or both")
     b = Build(
@@ -198,6 +200,7 @@ def _build(n, base: str) -> Build:
         torchvision=m["torchvision"].string(r"[a-z][a-z0-9_]{0,63}", "a torchvision model name, e.g. resnet50")
         if "torchvision" in m else None,
         engine=m["engine"].choice(("auto", "tensorrt", "torch")) if "engine" in m else "auto",
+        backend=m["backend"].choice(("auto", "hkbatch", "python")) if "backend" in m else "auto",
         cuda_graphs=m["cuda_graphs"].boolean() if "cuda_graphs" in m else True,
         channels_last=m["channels_last"].boolean() if "channels_last" in m else True,
         image_size=m["image_size"].integer(16, 4096) if "image_size" in m else 224,
@@ -229,15 +232,24 @@ def choose_engine(build: Build, trtexec: str | None) -> tuple[str, str]:
     return "tensorrt", "no torchvision model for the torch engine"
 
 
+def choose_backend(build: Build) -> tuple[str, str]:
+    """(hkbatch | python, why) for the torch engine: hkbatch where it can be built and embed Python."""
+    from ..triton import batch_backend
+    if build.backend != "auto":
+        return build.backend, f"asked for (backend: {build.backend})"
+    ok, why = batch_backend.available()
+    return ("hkbatch", why) if ok else ("python", f"hkbatch unavailable: {why}")
+
+
 def _trtexec() -> str | None:
     return shutil.which("trtexec") or next(
         (p for p in ("/usr/src/tensorrt/bin/trtexec", "/opt/tensorrt/bin/trtexec") if os.access(p, os.X_OK)), None)
 
 
-def _torch_config(config: dict, b: Build) -> dict:
-    """The config of a torch-engine model: the Python backend, the engine's settings as parameters."""
+def _torch_config(config: dict, b: Build, backend: str) -> dict:
+    """The config of a torch-engine model: its backend, the engine's settings as parameters."""
     out = {k: v for k, v in config.items() if k not in ("platform", "backend")}
-    out["backend"] = "python"
+    out["backend"] = backend
     params = dict(out.get("parameters", {}))
     for k, v in (("torchvision", b.torchvision), ("fp16", str(b.fp16).lower()),
                  ("channels_last", str(b.channels_last).lower()), ("cuda_graphs", str(b.cuda_graphs).lower()),
@@ -270,16 +282,18 @@ def _model(item, base: str) -> Model:
     if engine == "torch":
         if "model_file" in m:
             raise m["model_file"].error("the torch engine brings its own model.py: drop model_file or build")
-        config = _torch_config(config, build)
+        backend, backend_why = choose_backend(build)
+        why = f"{why}; served by {backend}: {backend_why}"
+        config = _torch_config(config, build, backend)
     model_file = TORCH_MODEL if engine == "torch" else None
     if "model_file" in m:
         model_file = _path(m["model_file"], base)
         if not os.path.isfile(model_file):
             raise m["model_file"].error(f"no such file: {model_file}")
     backend = config.get("backend") or config.get("platform")
-    if backend == "python" and not model_file:
-        raise item.error("a python-backend model needs 'model_file' (its model.py)")
-    if backend not in ("python",) and not model_file and not build:
+    if backend in ("python", "hkbatch") and not model_file:
+        raise item.error(f"a {backend}-backend model needs 'model_file' (its model.py)")
+    if backend not in ("python", "hkbatch") and not model_file and not build:
         raise item.error(f"platform {backend}: give 'model_file' (the model to serve) or 'build' (an ONNX to build)")
     return Model(name, config, model_file, build, m["version"].integer(1, 1 << 30) if "version" in m else 1,
                  item.line, engine, why, nodes, item)

@@ -97,6 +97,9 @@ def server_env(t) -> dict[str, str]:
         libs = [os.path.join(site, "nvidia_pytriton.libs"), sysconfig.get_config_var("LIBDIR") or ""]
         env["LD_LIBRARY_PATH"] = ":".join(p for p in libs if p)
         env["PYTHONPATH"] = sysconfig.get_paths()["purelib"]
+    if any(m.backend == "hkbatch" for m in t.models):   # it embeds this Python in the server
+        from . import batch_backend
+        env.update(batch_backend.server_env())
     if t.gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(t.gpu)
     return env | mps_env(t)

@@ -18,7 +18,7 @@ from ..fsutil import atomic_write
 
 # the file name Triton looks for in a version directory, per backend or platform
 DEFAULT_FILE = {
-    "python": "model.py",
+    "python": "model.py", "hkbatch": "model.py",
     "onnxruntime_onnx": "model.onnx", "onnxruntime": "model.onnx",
     "tensorrt_plan": "model.plan", "tensorrt": "model.plan",
     "pytorch_libtorch": "model.pt", "pytorch": "model.pt",
@@ -249,6 +249,17 @@ def model_state(t, model) -> dict:
         reasons.append(f"{model.version}/{fname} differs from {model.model_file}")
     current = "absent" if have_cfg is None and have_file is None else f"{have_cfg or '-'}/{have_file or '-'}"
     out = {"current": current, "desired": f"{want_cfg}/{want_file}", "reason": "; ".join(reasons)}
+    if model.backend == "hkbatch":   # its library, built from the source this package carries
+        from . import batch_backend
+        ok, why = batch_backend.available()
+        want_lib = batch_backend.source_sha()[:12]
+        have_lib = batch_backend.installed_sha(d)
+        if have_lib != want_lib:
+            reasons.append(f"{batch_backend.LIBRARY} {'absent' if have_lib is None else 'from another source'}")
+            out.update(current=f"{current}/{have_lib or '-'}", desired=f"{out['desired']}/{want_lib}",
+                       reason="; ".join(reasons))
+        if not ok and (have_lib != want_lib or batch_backend.python_library() is None):
+            out["unsupported"] = f"the hkbatch backend: {why}"
     if model.build and model.engine == "tensorrt" and have_file is None:
         from . import tensorrt
         if tensorrt.trtexec_path() is None:
@@ -275,7 +286,11 @@ def write_model(t, model, backends=None) -> list[str]:
             with open(model.model_file, "rb") as src:
                 _atomic_write(target, src)
             written.append(target)
-    elif model.build:
+    if model.backend == "hkbatch":
+        from . import batch_backend
+        if batch_backend.install(d):
+            written.append(os.path.join(d, batch_backend.LIBRARY))
+    if not model.model_file and model.build:
         from . import tensorrt
         if tensorrt.build_plan(model.build, target, model, backends, gpu=t.gpu).built:
             written.append(target)

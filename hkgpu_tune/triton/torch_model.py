@@ -114,6 +114,26 @@ def private_dir(path: str) -> str:
     return path
 
 
+_SHARED: dict = {}
+
+
+def _make_forward(torch, model, device, in_dtype, dtype, channels_last: bool):
+    """The engine's forward: UINT8 pixels -> (x/255 - mean)/std per channel on the GPU, then the model."""
+    scale = shift = None
+    if in_dtype == torch.uint8:
+        mean = torch.tensor([0.485, 0.456, 0.406], device=device).view(1, 3, 1, 1)
+        std = torch.tensor([0.229, 0.224, 0.225], device=device).view(1, 3, 1, 1)
+        scale, shift = (1 / (255 * std)).to(dtype), (-mean / std).to(dtype)
+
+    def forward(x):
+        if scale is not None:
+            x = torch.addcmul(shift, x.to(dtype), scale)
+        if channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return model(x)
+    return forward
+
+
 class TorchEngine:
     """One model on one GPU: pinned host buffers allocated once, a CUDA stream of its own,
     and (cuda_graphs) one captured graph per batch size sharing one memory pool."""
@@ -144,24 +164,30 @@ class TorchEngine:
         self.max_batch = self.batches[-1]
         self.channels_last = channels_last
         self.cuda_graphs = cuda_graphs
-        fn = getattr(torchvision.models, name, None)
-        if fn is None:
-            raise ValueError(f"torchvision has no model {name!r}")
-        model = fn(weights=None, num_classes=num_classes).eval()
-        if fold_bn:   # in fp32, before the cast: conv weights absorb the batch norm's scale and shift
-            from torch.fx.experimental.optimization import fuse
-            model = fuse(model)
-        model = model.to(self.device, self.dtype)
-        if channels_last:
-            model = model.to(memory_format=torch.channels_last)
-        self.model = model
-        self.fwd = self._forward
+        # one model (and one compiled forward) per process for these settings: instances of a model
+        # in one server process (the hkbatch backend) share it, and a compile guarded on one engine
+        # would recompile for each (past dynamo's cache limit, silently eager)
+        key = (name, fp16, channels_last, fold_bn, compile, compile_mode, input_type, image_size, num_classes,
+               str(self.device))
+        shared = _SHARED.get(key)
+        if shared is None:
+            fn = getattr(torchvision.models, name, None)
+            if fn is None:
+                raise ValueError(f"torchvision has no model {name!r}")
+            model = fn(weights=None, num_classes=num_classes).eval()
+            if fold_bn:   # in fp32, before the cast: conv weights absorb the batch norm's scale and shift
+                from torch.fx.experimental.optimization import fuse
+                model = fuse(model)
+            model = model.to(self.device, self.dtype)
+            if channels_last:
+                model = model.to(memory_format=torch.channels_last)
+            fwd = _make_forward(torch, model, self.device, self.in_dtype, self.dtype, channels_last)
+            if compile:
+                fwd = torch.compile(fwd, mode=compile_mode)
+        else:
+            model, fwd = shared
+        self.model, self.fwd = model, fwd
         shape = (3, image_size, image_size)
-        if input_type == "UINT8":   # pixels 0..255 -> (x/255 - mean)/std, per channel, on the GPU
-            mean = torch.tensor([0.485, 0.456, 0.406], device=self.device).view(1, 3, 1, 1)
-            std = torch.tensor([0.229, 0.224, 0.225], device=self.device).view(1, 3, 1, 1)
-            self.scale = (1 / (255 * std)).to(self.dtype)
-            self.shift = (-mean / std).to(self.dtype)
         self.stream = torch.cuda.Stream(self.device)
         # blocking: the thread sleeps until the batch is back (spin: it polls, a core each)
         self.done = torch.cuda.Event(blocking=sync == "blocking")
@@ -173,7 +199,6 @@ class TorchEngine:
         t0 = time.monotonic()
         with torch.inference_mode():
             if compile:
-                self.fwd = torch.compile(self._forward, mode=compile_mode)
                 x = self.dev_in[:self.max_batch]
                 torch._dynamo.mark_dynamic(x, 0, min=2, max=COMPILE_MAX_BATCH)
                 self.fwd(x)
@@ -181,6 +206,7 @@ class TorchEngine:
                 self.compile_s = time.monotonic() - t0
                 if log:
                     log(f"torch.compile ({compile_mode}) in {self.compile_s:.1f} s"
+                        + (" (shared with this process's other instances)" if shared else "")
                         + (f": over the budget of {compile_budget_s:g} s" if self.compile_s > compile_budget_s else ""))
             out = self.fwd(self.dev_in[:1])
             self.host_out = torch.empty((self.max_batch, *out.shape[1:]), dtype=out.dtype).pin_memory()
@@ -189,14 +215,7 @@ class TorchEngine:
                 self._capture()
         torch.cuda.synchronize(self.device)
         self.capture_s = time.monotonic() - t0
-
-    def _forward(self, x):
-        torch = self.torch
-        if self.in_dtype == torch.uint8:
-            x = torch.addcmul(self.shift, x.to(self.dtype), self.scale)
-        if self.channels_last:
-            x = x.contiguous(memory_format=torch.channels_last)
-        return self.model(x)
+        _SHARED.setdefault(key, (model, fwd))   # once it has run: a failed compile is not kept
 
     def _capture(self):
         torch = self.torch
@@ -322,36 +341,69 @@ class Copier:
             self.pool.shutdown(wait=False)
 
 
+def engine_from_args(args: dict, log):
+    """The engine of one model instance from Triton's initialize() args (either backend):
+    (config, engine, its options, the graph batch sizes, the parameters)."""
+    cfg = json.loads(args["model_config"])
+    p = {k: v.get("string_value", "") for k, v in cfg.get("parameters", {}).items()}
+    opts = engine_options(p, cfg["input"][0].get("data_type", "TYPE_FP16"))
+    if opts["compile"] and not opts["compile_cache_dir"]:
+        opts["compile_cache_dir"] = os.path.join(args["model_repository"], "inductor-cache")
+    max_batch = max(1, int(cfg.get("max_batch_size", 1)))
+    preferred = cfg.get("dynamic_batching", {}).get("preferred_batch_size", [])
+    sizes = [int(s) for s in p.get("graph_batches", "").split(",") if s.strip()]
+    sizes = [s for s in sizes if s <= max_batch] or graph_batches(max_batch, preferred)
+    if max_batch not in sizes:
+        sizes.append(max_batch)
+    copy_threads(p)   # checked before the minutes of compile and capture
+    gpu = int(args.get("model_instance_device_id") or 0)
+    if args.get("model_instance_kind") == "CPU":
+        gpu = 0   # a CPU instance still drives the first visible GPU
+    engine = TorchEngine(p.get("torchvision", "resnet50"), sizes, device=f"cuda:{gpu}", log=log, **opts)
+    on = [k for k in ("fp16", "channels_last", "cuda_graphs", "fold_bn", "compile") if opts[k]]
+    log(f"torch engine on cuda:{gpu} ({', '.join(on)}, input {opts['input_type']}), "
+        f"graphs for batches {sizes} ready in {engine.capture_s:.1f} s, pid {os.getpid()}")
+    return cfg, engine, p
+
+
+class TritonBatchModel:
+    """The hkbatch backend (batch_backend.cc) gathers a batch's rows into the engine's pinned input
+    in C++, calls run(n) once, and copies the rows of the pinned output into the responses."""
+
+    def __init__(self, args):
+        name = args.get("model_instance_name")
+        cfg, self.engine, _ = engine_from_args(args, lambda m: print(f"{name}: {m}", flush=True))
+        eng = self.engine
+        self.input_name = cfg["input"][0]["name"]
+        self.output_name = cfg["output"][0]["name"]
+        self.output_dtype = {np.float16: "FP16", np.float32: "FP32"}[eng.host_out_np.dtype.type]
+        self.output_dims = ",".join(str(d) for d in eng.host_out_np.shape[1:])
+        self.max_batch = eng.max_batch
+        self.in_addr, self.out_addr = eng.host_in.data_ptr(), eng.host_out.data_ptr()
+        self.in_row_bytes = eng.host_in_np[0].nbytes
+        self.out_row_bytes = eng.host_out_np[0].nbytes
+        self.stats = Stats(str(name).replace("/", "_"))
+
+    def run(self, n: int) -> None:
+        t0 = time.perf_counter()
+        self.engine.run_pinned(n)
+        self.stats.add(n, [t0, t0, t0, time.perf_counter(), time.perf_counter()])
+
+    def finalize(self):
+        self.stats.flush()
+        self.engine = None
+
+
 class TritonPythonModel:
     """Triton's Python backend: the batcher's requests -> one pinned batch -> one graph replay."""
 
     def initialize(self, args):
-        cfg = json.loads(args["model_config"])
-        p = {k: v.get("string_value", "") for k, v in cfg.get("parameters", {}).items()}
+        name = args.get("model_instance_name")
+        cfg, self.engine, p = engine_from_args(args, lambda m: pb_utils.Logger.log_info(f"{name}: {m}"))
         self.in_name = cfg["input"][0]["name"]
         self.out_name = cfg["output"][0]["name"]
-        opts = engine_options(p, cfg["input"][0].get("data_type", "TYPE_FP16"))
-        if opts["compile"] and not opts["compile_cache_dir"]:
-            opts["compile_cache_dir"] = os.path.join(args["model_repository"], "inductor-cache")
-        max_batch = max(1, int(cfg.get("max_batch_size", 1)))
-        preferred = cfg.get("dynamic_batching", {}).get("preferred_batch_size", [])
-        sizes = [int(s) for s in p.get("graph_batches", "").split(",") if s.strip()]
-        sizes = [s for s in sizes if s <= max_batch] or graph_batches(max_batch, preferred)
-        if max_batch not in sizes:
-            sizes.append(max_batch)
-        threads = copy_threads(p)   # checked before the minutes of compile and capture
-        gpu = int(args.get("model_instance_device_id") or 0)
-        if args.get("model_instance_kind") == "CPU":
-            gpu = 0   # a CPU instance still drives the first visible GPU
-        name = args.get("model_instance_name")
-        self.engine = TorchEngine(p.get("torchvision", "resnet50"), sizes, device=f"cuda:{gpu}",
-                                  log=lambda m: pb_utils.Logger.log_info(f"{name}: {m}"), **opts)
         self.stats = Stats(str(name).replace("/", "_"))
-        self.copier = Copier(threads)
-        on = [k for k in ("fp16", "channels_last", "cuda_graphs", "fold_bn", "compile") if opts[k]]
-        pb_utils.Logger.log_info(f"{name}: torch engine on cuda:{gpu} ({', '.join(on)}, input {opts['input_type']}), "
-                                 f"graphs for batches {sizes} ready in {self.engine.capture_s:.1f} s, "
-                                 f"pid {os.getpid()}")
+        self.copier = Copier(copy_threads(p))
 
     def execute(self, requests):
         eng = self.engine

@@ -1,6 +1,7 @@
 #!/bin/bash
 # The serving bench and the GPU serving tests on the H200, in one device call:
-#   device tool: run(kind="nvidia-h200", carry=[".whl"], command="bash tests/gpu/run_serving.sh quick|full")
+#   device tool: run(kind="nvidia-h200", carry=[".whl", "hkgpu_tune/triton/_build"],
+#                    command="bash tests/gpu/run_serving.sh quick|full")
 # .whl/ holds the wheels the GPU machine lacks: nvidia-pytriton 0.7.0, tritonclient 2.73.0,
 # python-rapidjson, pyroute2 (tests/gpu/RESULTS-multi.md says how they were downloaded).
 # quick: a short bench into $OUT/quick plus tests/gpu/test_serving.py; full: the bench for docs/perf;
@@ -20,6 +21,8 @@ date -u; nvidia-smi -L; nproc; df -h /dev/shm | tail -1
 ps -eo pid,args | grep -i '[n]vidia-cuda-mps' || echo NO-MPS-AT-START
 python3 -m pip install -q --no-deps --no-index --no-compile .whl/*.whl 2>&1 | tail -2
 python3 -c 'import importlib.util as u, tritonclient.grpc, aiohttp, torch, matplotlib; assert u.find_spec("pytriton"); print("deps ok", torch.__version__)'
+command -v c++ g++ || echo "no C++ compiler: the hkbatch library comes from hkgpu_tune/triton/_build (carried)"
+python3 -c 'from hkgpu_tune.triton import batch_backend as b; print("hkbatch:", b.available(), b.server_env())'
 if [ "${HK_CHECKS:-0}" = 1 ]; then   # the GPU checks of the collectors, health, export and baseline
   timeout 120 python3 -m pytest -v -rs -p no:cacheprovider tests/collect/test_gpu.py tests/gpu/test_h200.py \
     tests/triton/test_gpu_placement.py tests/baseline/test_capture_parts.py::test_torch_engine_benchmark_on_a_gpu \
@@ -40,4 +43,5 @@ else
   LEFT=$((${CALL_S:-585} - SECONDS))   # the call's time (600 s), less what the bench took
   [ "${HK_PYTEST:-1}" = 1 ] && [ $LEFT -gt 60 ] && timeout $LEFT python3 -m pytest -m gpu tests/gpu/test_serving.py -v -rs -p no:cacheprovider 2>&1 | tee "$OUT/pytest.txt"
 fi
-tail -40 /tmp/hkgpu-bench/run/tritonserver.log > "$OUT/tritonserver-tail.log" 2>/dev/null
+tail -80 /tmp/hkgpu-bench/run/tritonserver.log > "$OUT/tritonserver-tail.log" 2>/dev/null
+grep -h -i -E 'hkbatch|torch engine|torch.compile|error' /tmp/hkgpu-bench/run/tritonserver.log 2>/dev/null | tail -60 > "$OUT/tritonserver-engine.log"
