@@ -278,6 +278,7 @@ Err* start(TRITONBACKEND_ModelInstance* triton, Instance* inst) {
   inst->triton = triton;
   inst->name = inst_name;
   const std::string file = std::string(repo) + "/" + std::to_string(version) + "/model.py";
+  const std::string rel = std::string(model_name) + "/" + std::to_string(version) + "/model.py";  // for errors
   static const char* const KINDS[] = {"AUTO", "CPU", "GPU", "MODEL"};
 
   GIL gil;
@@ -292,11 +293,11 @@ Err* start(TRITONBACKEND_ModelInstance* triton, Instance* inst) {
   py.DecRef(run_name);
   if (run_path) py.DecRef(run_path);
   if (runpy) py.DecRef(runpy);
-  if (!ns) return error(ERR_INVALID_ARG, py_exception("loading " + file));
+  if (!ns) return error(ERR_INVALID_ARG, py_exception("loading " + rel));
   PyObject* cls = py.DictGetItemString(ns, "TritonBatchModel");  // borrowed
   if (!cls) {
     py.DecRef(ns);
-    return error(ERR_INVALID_ARG, file + " has no class TritonBatchModel");
+    return error(ERR_INVALID_ARG, rel + " has no class TritonBatchModel");
   }
   PyObject* args = py.DictNew();
   set_item(args, "model_config", config);
@@ -311,7 +312,7 @@ Err* start(TRITONBACKEND_ModelInstance* triton, Instance* inst) {
   inst->model = py.CallObject(cls, tuple);
   py.DecRef(tuple);
   py.DecRef(ns);
-  if (!inst->model) return error(ERR_INVALID_ARG, py_exception(file + ": TritonBatchModel()"));
+  if (!inst->model) return error(ERR_INVALID_ARG, py_exception(rel + ": TritonBatchModel()"));
   long long in_addr, out_addr;
   std::string dtype, dims;
   if (!get_str(inst->model, "input_name", &inst->input_name, &err) ||
@@ -416,12 +417,14 @@ extern "C" {
 __attribute__((visibility("default"))) Err* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelInstance* triton) {
   Instance* inst = new Instance();
   Err* e = start(triton, inst);
-  if (e) {
+  if (e) {  // Triton still calls Finalize: it finds no state
     stop(inst);
     delete inst;
-    return e;
+    inst = nullptr;
   }
-  return TRITONBACKEND_ModelInstanceSetState(triton, inst);
+  Err* se = TRITONBACKEND_ModelInstanceSetState(triton, inst);
+  if (se && e) TRITONSERVER_ErrorDelete(se);
+  return e ? e : se;
 }
 
 __attribute__((visibility("default"))) Err* TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInstance* triton) {
@@ -429,8 +432,10 @@ __attribute__((visibility("default"))) Err* TRITONBACKEND_ModelInstanceFinalize(
   Err* e = TRITONBACKEND_ModelInstanceState(triton, &state);
   if (e) return e;
   Instance* inst = static_cast<Instance*>(state);
-  stop(inst);
-  delete inst;
+  if (inst) {
+    stop(inst);
+    delete inst;
+  }
   return nullptr;
 }
 
@@ -440,6 +445,7 @@ __attribute__((visibility("default"))) Err* TRITONBACKEND_ModelInstanceExecute(
   Err* e = TRITONBACKEND_ModelInstanceState(triton, &state);
   if (e) return e;
   Instance* inst = static_cast<Instance*>(state);
+  if (!inst) return error(ERR_INTERNAL, "execute on an instance that did not initialize");
   const uint64_t exec_start = now_ns();
   std::vector<long long> at(count, 0), rows(count, 0);
   std::vector<Err*> errs(count, nullptr);

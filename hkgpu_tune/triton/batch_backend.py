@@ -35,12 +35,13 @@ def compiler() -> str | None:
 
 
 def python_library() -> str | None:
-    """The running Python's shared libpython, which the backend embeds; None for a static build."""
-    if not sysconfig.get_config_var("Py_ENABLE_SHARED"):
-        return None
-    name = sysconfig.get_config_var("INSTSONAME") or sysconfig.get_config_var("LDLIBRARY")
-    path = os.path.join(sysconfig.get_config_var("LIBDIR") or "", name or "")
-    return path if name and os.path.isfile(path) else None
+    """The running Python's shared libpython, which the backend embeds (Debian's python3 is linked
+    statically but its libpython3.X package has the library); None where there is none."""
+    name = sysconfig.get_config_var("INSTSONAME") or ""
+    if not name.endswith((".so", ".so.1.0")):   # a static build names libpython3.X.a here
+        name = f"libpython{sysconfig.get_config_var('LDVERSION') or ''}.so.1.0"
+    path = os.path.join(sysconfig.get_config_var("LIBDIR") or "", name)
+    return path if os.path.isfile(path) else None
 
 
 def _prebuilt_ok() -> bool:
@@ -55,7 +56,7 @@ def available() -> tuple[bool, str]:
     """(usable here, why): a compiler (or a library built from this source) and a shared libpython."""
     lib = python_library()
     if lib is None:
-        return False, f"this Python ({sys.executable}) has no shared libpython to embed"
+        return False, f"this Python ({sys.executable}) has no shared libpython to embed (install libpython3-dev)"
     cxx = compiler()
     if cxx:
         return True, f"c++ at {cxx}, {os.path.basename(lib)}"

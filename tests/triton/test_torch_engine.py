@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from hkgpu_tune.errors import ProfileError
+from hkgpu_tune.errors import HkError, ProfileError
 from hkgpu_tune.profile import parse_profile_text
 from hkgpu_tune.subsystems.triton import TORCH_MODEL, Build, choose_engine
 from hkgpu_tune.triton.torch_model import graph_batches
@@ -52,19 +52,65 @@ def test_choose_engine(build, trtexec, want):
     assert choose_engine(build, trtexec) == want
 
 
-def test_a_torch_model_is_a_python_backend_model_with_the_engine_file(tmp_path):
-    text = PROFILE.format(root=tmp_path, build="{torchvision: resnet50, cuda_graphs: true}")
+@pytest.mark.parametrize("backend", ["python", "hkbatch"])
+def test_a_torch_model_is_served_by_the_backend_asked_for_with_the_engine_file(tmp_path, backend):
+    text = PROFILE.format(root=tmp_path, build=f"{{torchvision: resnet50, cuda_graphs: true, backend: {backend}}}")
     t = parse_profile_text(text, "p.yaml").section("triton")
     m = t.models[0]
-    assert (m.engine, m.backend, m.model_file) == ("torch", "python", TORCH_MODEL)
+    assert (m.engine, m.backend, m.model_file) == ("torch", backend, TORCH_MODEL)
+    assert f"served by {backend}: asked for (backend: {backend})" in m.engine_reason
     assert "platform" not in m.config
     assert m.config["parameters"]["torchvision"] == {"string_value": "resnet50"}
     assert m.config["parameters"]["cuda_graphs"] == {"string_value": "true"}
-    from hkgpu_tune.triton import render
+    from hkgpu_tune.triton import batch_backend, render
+    if backend == "hkbatch" and not batch_backend.available()[0]:
+        pytest.skip(f"hkbatch cannot be built here: {batch_backend.available()[1]}")
     files = render.write_repository(t)
     assert filecmp.cmp(os.path.join(tmp_path, "models/resnet50/1/model.py"), TORCH_MODEL, shallow=False), files
     cfg = render.parse_config(open(os.path.join(tmp_path, "models/resnet50/config.pbtxt")).read())
-    assert cfg["backend"] == "python" and cfg["parameters"]["fp16"]["string_value"] == "true"
+    assert cfg["backend"] == backend and cfg["parameters"]["fp16"]["string_value"] == "true"
+    lib = os.path.join(tmp_path, "models/resnet50", batch_backend.LIBRARY)
+    assert os.path.isfile(lib) == (backend == "hkbatch")
+
+
+@pytest.mark.parametrize("have_cxx,have_lib,want", [
+    (True, True, ("hkbatch", "c++ at /usr/bin/c++")),
+    (False, True, ("python", "hkbatch unavailable: no C++ compiler (install g++)")),
+    (True, False, ("python", "hkbatch unavailable: this Python")),
+])
+def test_auto_picks_hkbatch_where_it_builds_and_says_why_not(monkeypatch, have_cxx, have_lib, want):
+    from hkgpu_tune.subsystems.triton import choose_backend
+    from hkgpu_tune.triton import batch_backend
+    monkeypatch.setattr(batch_backend, "compiler", lambda: "/usr/bin/c++" if have_cxx else None)
+    monkeypatch.setattr(batch_backend, "python_library", lambda: "/usr/lib/libpython3.11.so.1.0" if have_lib else None)
+    monkeypatch.setattr(batch_backend, "PREBUILT", "/nonexistent/libtriton_hkbatch.so")
+    backend, why = choose_backend(Build(torchvision="resnet50"))
+    assert backend == want[0] and why.startswith(want[1]), why
+    assert choose_backend(Build(torchvision="resnet50", backend="python")) == ("python", "asked for (backend: python)")
+
+
+def test_hkbatch_library_drift_and_unsupported_in_the_repository_state(tmp_path, monkeypatch):
+    from hkgpu_tune.triton import batch_backend, render
+    text = PROFILE.format(root=tmp_path, build="{torchvision: resnet50, backend: hkbatch}")
+    t = parse_profile_text(text, "p.yaml").section("triton")
+    m = t.models[0]
+    d = os.path.join(tmp_path, "models", m.name)
+    os.makedirs(d)
+    monkeypatch.setattr(batch_backend, "compiler", lambda: None)
+    monkeypatch.setattr(batch_backend, "PREBUILT", "/nonexistent/libtriton_hkbatch.so")
+    st = render.model_state(t, m)
+    assert f"{batch_backend.LIBRARY} absent" in st["reason"]
+    assert st["unsupported"] == "the hkbatch backend: no C++ compiler (install g++) to build the hkbatch backend"
+    with open(os.path.join(d, batch_backend.LIBRARY), "wb") as f:   # built from another source
+        f.write(b"old")
+    with open(os.path.join(d, batch_backend.LIBRARY + ".sha256"), "w") as f:
+        f.write("0" * 64 + "\n")
+    st = render.model_state(t, m)
+    assert f"{batch_backend.LIBRARY} from another source" in st["reason"] and st["current"] != st["desired"]
+    with pytest.raises(HkError, match="no C\\+\\+ compiler"):
+        batch_backend.install(d)
+    assert open(os.path.join(d, batch_backend.LIBRARY), "rb").read() == b"old"   # left as it was
+    assert not [f for f in os.listdir(d) if f.startswith(".hkbatch-")]
 
 
 @pytest.mark.parametrize("build,msg", [
@@ -73,6 +119,7 @@ def test_a_torch_model_is_a_python_backend_model_with_the_engine_file(tmp_path):
     ("{onnx: missing.onnx, torchvision: resnet50}", "no such file"),
     ("{fp16: true}", "give 'onnx' (built into a TensorRT plan) or 'torchvision'"),
     ("{torchvision: 'ResNet 50'}", "a torchvision model name"),
+    ("{torchvision: resnet50, backend: onnxruntime}", "backend"),
 ])
 def test_bad_build_sections_name_file_line_and_key(tmp_path, build, msg):
     with pytest.raises(ProfileError, match=r"p\.yaml:\d+: ") as e:

@@ -1,0 +1,120 @@
+"""The hkbatch backend on a real tritonserver (the nvidia-pytriton wheel's, CPU): built from its
+source by the library, requests of one and of several rows batched together and each answered with
+its own rows, Triton's statistics, a failing run() answered as errors while the server keeps
+serving, and a model file without the class refused at load with the reason."""
+from __future__ import annotations
+
+import os
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from hkgpu_tune.errors import HkError
+from hkgpu_tune.profile import load_profile
+from hkgpu_tune.triton import batch_backend, launch, render
+
+from .conftest import DATA, dump, free_ports, needs_server, profile_dict
+
+pytestmark = [needs_server, pytest.mark.slow,
+              pytest.mark.skipif(not batch_backend.available()[0], reason=f"hkbatch: {batch_backend.available()[1]}")]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("hkbatch")
+    doc = profile_dict(root, free_ports(3), delay_us=20000)
+    m = doc["triton"]["models"][0]
+    m.update(name="rows", backend="hkbatch", model_file=os.path.join(DATA, "batch_rows.py"))
+    m["instance_group"] = [{"count": 2, "kind": "KIND_CPU"}]
+    (root / "profile.yaml").write_text(dump(doc))
+    t = load_profile(str(root / "profile.yaml")).section("triton")
+    written = render.write_repository(t)
+    launch.start(t)
+    try:
+        launch.wait_ready(t)
+        yield {"t": t, "root": root, "written": written}
+    finally:
+        launch.stop(t)
+
+
+def grpc_client(t):
+    import tritonclient.grpc as g
+    return g, g.InferenceServerClient(f"{t.grpc.host}:{t.grpc.port}")
+
+
+def infer(g, c, x, model="rows"):
+    inp = g.InferInput("INPUT0", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    return c.infer(model, [inp]).as_numpy("OUTPUT0")
+
+
+def test_the_library_is_built_from_its_source_into_the_model_directory(server):
+    d = os.path.join(server["t"].model_repository, "rows")
+    lib = os.path.join(d, batch_backend.LIBRARY)
+    assert lib in server["written"]
+    assert batch_backend.installed_sha(d) == batch_backend.source_sha()[:12]
+    assert batch_backend.install(d) is False   # current: not rebuilt
+    st = render.model_state(server["t"], server["t"].models[0])
+    assert not st["reason"] and "unsupported" not in st, st
+
+
+def test_each_request_gets_its_own_rows_from_shared_batches(server):
+    g, c = grpc_client(server["t"])
+    before = c.get_inference_statistics("rows", as_json=True)["model_stats"][0]
+
+    def one(i):
+        rows = 1 + (i % 3 == 0)   # requests of one and of two rows in the same batches
+        x = (np.arange(4 * rows, dtype=np.float32).reshape(rows, 4) + 10 * i)
+        return np.array_equal(infer(g, c, x), x * 2 + x.sum(axis=1, keepdims=True)), rows
+
+    with ThreadPoolExecutor(24) as ex:
+        res = list(ex.map(one, range(240)))
+    assert all(ok for ok, _ in res), sum(not ok for ok, _ in res)
+    after = c.get_inference_statistics("rows", as_json=True)["model_stats"][0]
+    rows = sum(r for _, r in res)
+    assert int(after["inference_count"]) - int(before.get("inference_count", 0)) == rows
+    execs = int(after["execution_count"]) - int(before.get("execution_count", 0))
+    assert execs < len(res) / 3, f"{execs} executions for {len(res)} requests: the batcher did not batch"
+    assert any(int(b["batch_size"]) > 1 for b in after["batch_stats"])
+
+
+def test_a_failing_run_answers_errors_and_the_server_keeps_serving(server):
+    g, c = grpc_client(server["t"])
+    from tritonclient.utils import InferenceServerException
+    with pytest.raises(InferenceServerException, match="a row starts with -1"):
+        infer(g, c, np.array([[-1, 0, 0, 0]], np.float32))
+    x = np.array([[1, 2, 3, 4]], np.float32)
+    assert np.array_equal(infer(g, c, x), x * 2 + 10)
+
+
+def test_a_wrong_input_size_is_refused_per_request(server):
+    g, c = grpc_client(server["t"])
+    from tritonclient.utils import InferenceServerException
+    with pytest.raises(InferenceServerException):   # Triton checks the shape against the config
+        infer(g, c, np.zeros((1, 5), np.float32))
+    x = np.ones((1, 4), np.float32)
+    assert np.array_equal(infer(g, c, x), x * 2 + 4)
+
+
+def test_a_model_file_without_the_class_fails_to_load_with_the_reason(server):
+    t = server["t"]
+    d = os.path.join(t.model_repository, "nocls")
+    os.makedirs(os.path.join(d, "1"))
+    shutil.copyfile(os.path.join(DATA, "batch_none.py"), os.path.join(d, "1", "model.py"))
+    batch_backend.install(d)
+    with open(os.path.join(d, "config.pbtxt"), "w") as f:
+        f.write('name: "nocls"\nbackend: "hkbatch"\nmax_batch_size: 4\n'
+                'input [{name: "INPUT0", data_type: TYPE_FP32, dims: [4]}]\n'
+                'output [{name: "OUTPUT0", data_type: TYPE_FP32, dims: [4]}]\n')
+    from hkgpu_tune.triton import client
+    c = client.Client(t.http.host, t.http.port)
+    with pytest.raises(HkError, match="hkbatch: nocls/1/model.py has no class TritonBatchModel"):
+        c.load_model("nocls")
+    assert c.model_ready("rows")
+
+
+def test_server_env_names_this_python():
+    env = batch_backend.server_env()
+    assert os.path.isfile(env["HKGPU_PYTHON_LIBRARY"]) and os.access(env["HKGPU_PYTHON_EXECUTABLE"], os.X_OK)
