@@ -213,11 +213,23 @@ def hk(*argv, timeout=300) -> subprocess.CompletedProcess:
 def tuned_profile(args, workdir: str) -> str:
     """The bench profile, copied (the sweep writes its best config into the copy, not the source)."""
     dst = os.path.join(workdir, "profile.yaml")
+    shutil.copyfile(args.profile, dst)
+    return dst
+
+
+def variant_profile(args, workdir: str) -> str:
+    """The bench profile with --backend and --compile applied (the limit and the service both read it)."""
     text = open(args.profile).read()
+    edits = []
     if args.backend != "auto":
-        if "backend: auto" not in text:
-            raise HkError(f"{args.profile}: --backend {args.backend} needs 'backend: auto' in the model's build")
-        text = text.replace("backend: auto", f"backend: {args.backend}", 1)
+        edits.append(("backend: auto", f"backend: {args.backend}"))
+    if args.compile is not None:
+        edits.append(('compile: {string_value: "true"}', f'compile: {{string_value: "{str(args.compile).lower()}"}}'))
+    for old, new in edits:
+        if old not in text:
+            raise HkError(f"{args.profile}: expected {old!r} to change it to {new!r}")
+        text = text.replace(old, new, 1)
+    dst = os.path.join(workdir, "source-profile.yaml")
     with open(dst, "w") as f:
         f.write(text)
     return dst
@@ -274,7 +286,7 @@ def run_tuned(args, workdir: str, res: dict) -> None:
     prof = tuned_profile(args, workdir)
     t = triton_section(prof)
     model = t.model(args.model)
-    res.update(profile=os.path.relpath(args.profile, REPO), engine=model.engine, engine_why=model.engine_reason)
+    res.update(engine=model.engine, engine_why=model.engine_reason)
     mps_on = False
     if args.mps and t.mps is not None and shutil.which("nvidia-cuda-mps-control"):
         p = hk("mps", "start", "-p", prof)
@@ -439,6 +451,8 @@ def main() -> int:
     ap.add_argument("--no-mps", dest="mps", action="store_false")
     ap.add_argument("--backend", choices=("auto", "hkbatch", "python"), default="auto",
                     help="the torch engine's Triton backend (the profile's build: backend)")
+    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
+                    help="torch.compile the engine or not (default: as the profile says)")
     ap.add_argument("--also-http", action="store_true", help="also measure the other transport at the best config")
     ap.add_argument("--shm", action=argparse.BooleanOptionalAction, default=True,
                     help="inputs in system shared memory (default) or binary HTTP bodies")
@@ -480,6 +494,8 @@ def main() -> int:
     workdir = "/tmp/hkgpu-bench"
     shutil.rmtree(workdir, ignore_errors=True)
     os.makedirs(workdir)
+    rec["source_profile"] = os.path.relpath(args.profile, REPO)
+    args.profile = variant_profile(args, workdir)
     errors = []
     try:
         if not args.no_limit:
