@@ -99,7 +99,7 @@ def install(model_dir: str) -> bool:
     try:
         cxx = compiler()
         if cxx:
-            r = subprocess.run([cxx, *FLAGS, "-o", tmp, SOURCE, "-ldl"], capture_output=True, text=True, timeout=300)
+            r = subprocess.run([cxx, *FLAGS, "-o", tmp, SOURCE, "-ldl", "-lpthread"], capture_output=True, text=True, timeout=300)
             if r.returncode != 0:
                 raise HkError(f"triton: building the hkbatch backend failed: {(r.stderr or r.stdout).strip()[-800:]}")
         elif _prebuilt_ok():

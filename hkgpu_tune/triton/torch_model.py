@@ -372,7 +372,7 @@ class TritonBatchModel:
 
     def __init__(self, args):
         name = args.get("model_instance_name")
-        cfg, self.engine, _ = engine_from_args(args, lambda m: print(f"{name}: {m}", flush=True))
+        cfg, self.engine, p = engine_from_args(args, lambda m: print(f"{name}: {m}", flush=True))
         eng = self.engine
         self.input_name = cfg["input"][0]["name"]
         self.output_name = cfg["output"][0]["name"]
@@ -382,6 +382,7 @@ class TritonBatchModel:
         self.in_addr, self.out_addr = eng.host_in.data_ptr(), eng.host_out.data_ptr()
         self.in_row_bytes = eng.host_in_np[0].nbytes
         self.out_row_bytes = eng.host_out_np[0].nbytes
+        self.copy_threads = copy_threads(p)   # the C++ side's threads for the gather (1 MB batches and up)
         self.stats = Stats(str(name).replace("/", "_"))
 
     def run(self, n: int) -> None:

@@ -58,6 +58,8 @@ def test_the_library_is_built_from_its_source_into_the_model_directory(server):
     assert batch_backend.install(d) is False   # current: not rebuilt
     st = render.model_state(server["t"], server["t"].models[0])
     assert not st["reason"] and "unsupported" not in st, st
+    log = open(os.path.join(server["t"].run_dir, "tritonserver.log")).read()
+    assert log.count("batches up to 16, rows of 16 bytes in, 16 out, 3 copy thread(s)") == 2   # both instances
 
 
 def test_each_request_gets_its_own_rows_from_shared_batches(server):
