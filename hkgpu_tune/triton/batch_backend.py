@@ -16,6 +16,7 @@ import sysconfig
 import tempfile
 
 from ..errors import HkError
+from ..fsutil import atomic_write
 
 NAME = "hkbatch"
 LIBRARY = f"libtriton_{NAME}.so"
@@ -111,8 +112,7 @@ def install(model_dir: str) -> bool:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    with open(target + ".sha256", "w") as f:
-        f.write(want + "\n")
+    atomic_write(target + ".sha256", want + "\n")   # no link followed
     return True
 
 

@@ -455,7 +455,7 @@ def check_user_access(t, user: str) -> None:
     uid, gid, _ = _user_ids(user)
     gids = {gid} | {g.gr_gid for g in grp.getgrall() if user in g.gr_mem}
     paths = [t.model_repository, backend_directory(t), server_binary(t)]
-    for k in ("LD_LIBRARY_PATH", "PYTHONPATH"):
+    for k in ("LD_LIBRARY_PATH", "PYTHONPATH", "HKGPU_PYTHON_LIBRARY", "HKGPU_PYTHON_HOME"):
         paths += [p for p in server_env(t).get(k, "").split(":") if p]
     for path in paths:
         path = os.path.abspath(path)
