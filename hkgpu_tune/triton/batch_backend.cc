@@ -20,6 +20,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -255,21 +256,23 @@ void set_item(PyObject* dict, const char* key, const std::string& value) {
   py.DecRef(v);
 }
 
-// ---------------------------------------------------------------- copies over a few threads
+// ---------------------------------------------------------------- work split over a few threads
 struct Copy {
   char* dst;
   const void* src;
   size_t size;
 };
 
-// Workers that split one batch's copies with the calling thread (memcpy of 150 KB images is
-// memory-bound: one thread took about 600 us for a batch of 34 on the H200 host).
-class CopyPool {
+// Workers that split one batch's work with the calling thread: the gather (memcpy of 150 KB
+// images is memory-bound: one thread took about 600 us for a batch of 34 on the H200 host) and
+// the responses (Triton's HTTP front end builds each response in the sending thread: about 100 us).
+class Pool {
  public:
-  explicit CopyPool(int workers) {
+  typedef std::function<void(size_t part, size_t parts)> Task;
+  explicit Pool(int workers) {
     for (int i = 0; i < workers; i++) threads_.emplace_back([this, i] { loop(i + 1); });
   }
-  ~CopyPool() {
+  ~Pool() {
     {
       std::lock_guard<std::mutex> lock(mu_);
       quit_ = true;
@@ -277,41 +280,35 @@ class CopyPool {
     wake_.notify_all();
     for (auto& t : threads_) t.join();
   }
-  // Copy every job; part 0 on this thread, part k on worker k. Returns when all are done.
-  void run(const std::vector<Copy>& jobs) {
-    const size_t parts = threads_.size() + 1;
+  size_t parts() const { return threads_.size() + 1; }
+  // task(0, parts) on this thread, task(k, parts) on worker k; returns when all are done.
+  void run(const Task& task) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      jobs_ = &jobs;
-      parts_ = parts;
+      task_ = &task;
       pending_ = threads_.size();
       generation_++;
     }
     wake_.notify_all();
-    copy_part(jobs, 0, parts);
+    task(0, parts());
     std::unique_lock<std::mutex> lock(mu_);
     done_.wait(lock, [this] { return pending_ == 0; });
-    jobs_ = nullptr;
-  }
-  static void copy_part(const std::vector<Copy>& jobs, size_t part, size_t parts) {
-    for (size_t j = part; j < jobs.size(); j += parts) memcpy(jobs[j].dst, jobs[j].src, jobs[j].size);
+    task_ = nullptr;
   }
 
  private:
   void loop(size_t part) {
     uint64_t seen = 0;
     for (;;) {
-      const std::vector<Copy>* jobs;
-      size_t parts;
+      const Task* task;
       {
         std::unique_lock<std::mutex> lock(mu_);
         wake_.wait(lock, [&] { return quit_ || generation_ != seen; });
         if (quit_) return;
         seen = generation_;
-        jobs = jobs_;
-        parts = parts_;
+        task = task_;
       }
-      copy_part(*jobs, part, parts);
+      (*task)(part, parts());
       {
         std::lock_guard<std::mutex> lock(mu_);
         pending_--;
@@ -322,11 +319,15 @@ class CopyPool {
   std::vector<std::thread> threads_;
   std::mutex mu_;
   std::condition_variable wake_, done_;
-  const std::vector<Copy>* jobs_ = nullptr;
-  size_t parts_ = 1, pending_ = 0;
+  const Task* task_ = nullptr;
+  size_t pending_ = 0;
   uint64_t generation_ = 0;
   bool quit_ = false;
 };
+
+void copy_part(const std::vector<Copy>& jobs, size_t part, size_t parts) {
+  for (size_t j = part; j < jobs.size(); j += parts) memcpy(jobs[j].dst, jobs[j].src, jobs[j].size);
+}
 
 // ---------------------------------------------------------------- one model instance
 struct Instance {
@@ -341,7 +342,7 @@ struct Instance {
   char* in = nullptr;
   const char* out = nullptr;
   long long copy_threads = 1, copy_min_bytes = 1 << 20;  // optional attributes of the model
-  std::unique_ptr<CopyPool> pool;
+  std::unique_ptr<Pool> pool;  // copy_threads - 1 workers
 };
 
 Err* start(TRITONBACKEND_ModelInstance* triton, Instance* inst) {
@@ -421,7 +422,7 @@ Err* start(TRITONBACKEND_ModelInstance* triton, Instance* inst) {
     return error(ERR_INVALID_ARG, err);
   if (inst->copy_threads < 1 || inst->copy_threads > 32 || inst->copy_min_bytes < 0)
     return error(ERR_INVALID_ARG, "copy_threads must be 1 to 32 and copy_min_bytes 0 or more");
-  if (inst->copy_threads > 1) inst->pool.reset(new CopyPool(int(inst->copy_threads - 1)));
+  if (inst->copy_threads > 1) inst->pool.reset(new Pool(int(inst->copy_threads - 1)));
   for (int t = 1; t < 15; t++)
     if (dtype == TYPES[t]) inst->output_type = t;
   if (!inst->output_type) return error(ERR_INVALID_ARG, "output_dtype " + dtype + " is not a Triton data type");
@@ -560,8 +561,10 @@ __attribute__((visibility("default"))) Err* TRITONBACKEND_ModelInstanceExecute(
     if (errs[i]) jobs.resize(first);  // none of a refused request's copies
     else total += rows[i];
   }
-  if (inst->pool && jobs.size() > 1 && total * inst->in_row_bytes >= inst->copy_min_bytes) inst->pool->run(jobs);
-  else CopyPool::copy_part(jobs, 0, 1);
+  if (inst->pool && jobs.size() > 1 && total * inst->in_row_bytes >= inst->copy_min_bytes)
+    inst->pool->run([&jobs](size_t part, size_t parts) { copy_part(jobs, part, parts); });
+  else
+    copy_part(jobs, 0, 1);
   const uint64_t compute_start = now_ns();
   std::string failed;
   if (total > 0) {
@@ -573,26 +576,32 @@ __attribute__((visibility("default"))) Err* TRITONBACKEND_ModelInstanceExecute(
     else failed = py_exception(inst->name + ": run(" + std::to_string(total) + ")");
   }
   const uint64_t compute_end = now_ns();
-  std::vector<bool> ok(count, false);
-  for (uint32_t i = 0; i < count; i++) {
-    if (!errs[i] && !failed.empty()) errs[i] = error(ERR_INTERNAL, failed);
-    TRITONBACKEND_Response* resp = nullptr;
-    Err* re = TRITONBACKEND_ResponseNew(&resp, requests[i]);
-    if (re) {  // no response can be sent: the request is released below, the error logged
-      log(LOG_ERROR, inst->name + ": " + TRITONSERVER_ErrorMessage(re));
-      TRITONSERVER_ErrorDelete(re);
-      if (errs[i]) TRITONSERVER_ErrorDelete(errs[i]);
-      continue;
+  // One response per request; requests on different threads (Triton allows that for different
+  // requests), each request's response built and sent by one thread.
+  std::vector<char> ok(count, 0);
+  auto respond_part = [&](size_t part, size_t parts) {
+    for (size_t i = part; i < count; i += parts) {
+      if (!errs[i] && !failed.empty()) errs[i] = error(ERR_INTERNAL, failed);
+      TRITONBACKEND_Response* resp = nullptr;
+      Err* re = TRITONBACKEND_ResponseNew(&resp, requests[i]);
+      if (re) {  // no response can be sent: the request is released below, the error logged
+        log(LOG_ERROR, inst->name + ": " + TRITONSERVER_ErrorMessage(re));
+        TRITONSERVER_ErrorDelete(re);
+        if (errs[i]) TRITONSERVER_ErrorDelete(errs[i]);
+        continue;
+      }
+      if (!errs[i]) errs[i] = respond(inst, resp, at[i], rows[i]);
+      ok[i] = errs[i] == nullptr;
+      Err* se = TRITONBACKEND_ResponseSend(resp, RESPONSE_FINAL, errs[i]);
+      if (errs[i]) TRITONSERVER_ErrorDelete(errs[i]);  // the sender keeps its error
+      if (se) {
+        log(LOG_ERROR, inst->name + ": sending a response: " + TRITONSERVER_ErrorMessage(se));
+        TRITONSERVER_ErrorDelete(se);
+      }
     }
-    if (!errs[i]) errs[i] = respond(inst, resp, at[i], rows[i]);
-    ok[i] = errs[i] == nullptr;
-    Err* se = TRITONBACKEND_ResponseSend(resp, RESPONSE_FINAL, errs[i]);
-    if (errs[i]) TRITONSERVER_ErrorDelete(errs[i]);  // the sender keeps its error
-    if (se) {
-      log(LOG_ERROR, inst->name + ": sending a response: " + TRITONSERVER_ErrorMessage(se));
-      TRITONSERVER_ErrorDelete(se);
-    }
-  }
+  };
+  if (inst->pool && count >= 4) inst->pool->run(respond_part);
+  else respond_part(0, 1);
   const uint64_t exec_end = now_ns();
   for (uint32_t i = 0; i < count; i++) {
     Err* se = TRITONBACKEND_ModelInstanceReportStatistics(triton, requests[i], ok[i], exec_start, compute_start,

@@ -1,6 +1,7 @@
 """The torch engine: a torchvision model in fp16 and channels_last with one CUDA graph per batch
-size the batcher forms. Triton serves it as a Python-backend model (this file is copied verbatim
-to REPO/NAME/VERSION/model.py); the benches import TorchEngine from here for the in-process limit.
+size the batcher forms. Triton serves it through the hkbatch backend (TritonBatchModel: one call per
+batch) or its Python backend (TritonPythonModel); this file is copied verbatim to
+REPO/NAME/VERSION/model.py. The benches import TorchEngine from here for the in-process limit.
 
 Config parameters (strings, set by the profile's `build:`): torchvision (e.g. resnet50), fp16,
 channels_last, cuda_graphs, graph_batches ("1,2,4,..."), image_size. Random weights: the model's

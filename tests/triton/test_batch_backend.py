@@ -47,7 +47,7 @@ def grpc_client(t):
 def infer(g, c, x, model="rows"):
     inp = g.InferInput("INPUT0", list(x.shape), "FP32")
     inp.set_data_from_numpy(x)
-    return c.infer(model, [inp]).as_numpy("OUTPUT0")
+    return c.infer(model, [inp], client_timeout=30).as_numpy("OUTPUT0")
 
 
 def test_the_library_is_built_from_its_source_into_the_model_directory(server):
