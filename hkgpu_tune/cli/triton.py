@@ -60,6 +60,8 @@ def add_parser(sub) -> None:
     q.add_argument("--slo-ms", type=float, help="p99 SLO (default: the profile's gate.p99_ms)")
     q.add_argument("--budget-s", type=float, default=300, help="stop starting new configs after this many seconds")
     q.add_argument("--duration-s", type=float, default=5, help="seconds of load per level")
+    q.add_argument("--confirm-s", type=float, help="one longer load that confirms the best level "
+                   "(default: 3 x --duration-s; 0: none)")
     q.add_argument("--processes", type=int, default=2, help="load generator processes")
     q.add_argument("--shm", action="store_true", help="inputs in system shared memory (not over the socket)")
     q.add_argument("--png", help="write the chart (throughput against p99) here")
@@ -251,11 +253,13 @@ def run_sweep(ctx: Context) -> int:
                f"(hkgpu-tune mps start)")
         raise HkError(f"--write: this profile runs Triton as an MPS client, but {why}; the sweep must measure "
                       f"what the node serves")
+    if a.confirm_s is not None and a.confirm_s < 0:
+        raise HkError(f"--confirm-s {a.confirm_s:g}: must be 0 (no confirming load) or more")
     if not ctx.json:
         ctx.header()
     say = (lambda m: None) if ctx.json else (lambda m: print(m, flush=True))
     rep = sweep.run(t, name, grid, slo, a.budget_s, duration_s=a.duration_s, processes=a.processes, shm=a.shm,
-                    log=say)
+                    log=say, confirm_s=a.confirm_s)
     doc = rep.to_dict()
     if a.png and rep.points:
         doc["png"] = sweep.chart(rep, a.png)

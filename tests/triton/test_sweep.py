@@ -51,6 +51,8 @@ def test_sweep_picks_the_best_config_under_the_slo_writes_png_and_profile(prof, 
     assert len(doc["points"]) == 2 and measured, doc
     best = doc["best"]["best"]
     assert best["p99_ms"] <= 500 and best["errors"] == 0 and best["requests"] > 0
+    # the best level measured again over 3 x --duration-s, and that longer load is the answer
+    assert doc["best"]["confirmed"] is True and best.get("confirm") and best["duration_s"] == 3.0, best
     assert best["img_s"] == max(p["best"]["img_s"] for p in measured)
     # a real chart: a PNG image matplotlib reads back, of the size the sweep draws
     import matplotlib.image
@@ -123,6 +125,9 @@ def test_bad_grid_values_are_usage_errors(prof):
     line = one_line_error(hk("triton", "sweep", "-p", str(prof), "--instances", "0", "--budget-s", "60",
                              "--slo-ms", "500"))
     assert "must be positive" in line, line
+    line = one_line_error(hk("triton", "sweep", "-p", str(prof), "--confirm-s", "-1", "--budget-s", "60",
+                             "--slo-ms", "500"))
+    assert "--confirm-s -1: must be 0 (no confirming load) or more" in line, line
 
 
 def test_mps_asked_for_without_a_running_daemon_is_one_line(prof):
