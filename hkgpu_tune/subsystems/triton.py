@@ -232,11 +232,16 @@ def choose_engine(build: Build, trtexec: str | None) -> tuple[str, str]:
     return "tensorrt", "no torchvision model for the torch engine"
 
 
-def choose_backend(build: Build) -> tuple[str, str]:
+CONTAINER_NO_HKBATCH = "the container form runs the image's Python; hkbatch embeds this host's"
+
+
+def choose_backend(build: Build, container: bool = False) -> tuple[str, str]:
     """(hkbatch | python, why) for the torch engine: hkbatch where it can be built and embed Python."""
     from ..triton import batch_backend
     if build.backend != "auto":
         return build.backend, f"asked for (backend: {build.backend})"
+    if container:
+        return "python", CONTAINER_NO_HKBATCH
     ok, why = batch_backend.available()
     return ("hkbatch", why) if ok else ("python", f"hkbatch unavailable: {why}")
 
@@ -259,7 +264,7 @@ def _torch_config(config: dict, b: Build, backend: str) -> dict:
     return out
 
 
-def _model(item, base: str) -> Model:
+def _model(item, base: str, container: bool = False) -> Model:
     m = item.mapping(MODEL_KEYS, required=("name",))
     name = m["name"].string(NAME_RE, "a model name (letters, digits, '_', '.', '-')")
     if ("platform" in m) == ("backend" in m):
@@ -282,7 +287,9 @@ def _model(item, base: str) -> Model:
     if engine == "torch":
         if "model_file" in m:
             raise m["model_file"].error("the torch engine brings its own model.py: drop model_file or build")
-        backend, backend_why = choose_backend(build)
+        if container and build.backend == "hkbatch":
+            raise m["build"].mapping()["backend"].error(f"backend hkbatch: {CONTAINER_NO_HKBATCH} (use python)")
+        backend, backend_why = choose_backend(build, container)
         why = f"{why}; served by {backend}: {backend_why}"
         config = _torch_config(config, build, backend)
     model_file = TORCH_MODEL if engine == "torch" else None
@@ -291,6 +298,8 @@ def _model(item, base: str) -> Model:
         if not os.path.isfile(model_file):
             raise m["model_file"].error(f"no such file: {model_file}")
     backend = config.get("backend") or config.get("platform")
+    if container and backend == "hkbatch" and "backend" in m:
+        raise m["backend"].error(f"backend hkbatch: {CONTAINER_NO_HKBATCH} (use python)")
     if backend in ("python", "hkbatch") and not model_file:
         raise item.error(f"a {backend}-backend model needs 'model_file' (its model.py)")
     if backend not in ("python", "hkbatch") and not model_file and not build:
@@ -367,7 +376,7 @@ def parse_profile(node) -> Triton:
                                  for i in m["extra_args"].items())
     models, seen = [], {}
     for item in m["models"].items():
-        mod = _model(item, base)
+        mod = _model(item, base, container=kw.get("launch") == "container")
         if mod.name in seen:
             raise item.error(f"model {mod.name!r} is defined twice (first at line {seen[mod.name]})")
         seen[mod.name] = item.line

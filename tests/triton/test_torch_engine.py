@@ -215,3 +215,20 @@ def test_the_bench_profile_serves_the_compiled_uint8_engine():
     params = {k: v["string_value"] for k, v in m.config["parameters"].items()}
     o = engine_options(params, m.inputs[0]["data_type"])
     assert o["compile"] and o["input_type"] == "UINT8" and o["compile_cache_dir"].startswith("/")
+
+
+@pytest.mark.parametrize("build,want", [
+    ("{torchvision: resnet50}", ("python", "the container form runs the image's Python; hkbatch embeds this host's")),
+    ("{torchvision: resnet50, backend: hkbatch}", None),
+])
+def test_the_container_form_never_gets_hkbatch(tmp_path, build, want):
+    """hkbatch embeds this host's libpython: in an image's tritonserver the model would not load."""
+    text = PROFILE.format(root=tmp_path, build=build).replace(
+        "triton:\n", "triton:\n  launch: container\n  image: nvcr.io/nvidia/tritonserver:24.10-py3\n", 1)
+    if want is None:
+        with pytest.raises(ProfileError, match=r"p\.yaml:\d+: .*backend hkbatch: the container form runs the "
+                                               r"image's Python"):
+            parse_profile_text(text, "p.yaml")
+        return
+    m = parse_profile_text(text, "p.yaml").section("triton").models[0]
+    assert m.backend == want[0] and m.engine_reason.endswith(f"served by {want[0]}: {want[1]}"), m.engine_reason
