@@ -49,6 +49,8 @@ Err* TRITONBACKEND_ModelName(TRITONBACKEND_Model* model, const char** name);
 Err* TRITONBACKEND_ModelVersion(TRITONBACKEND_Model* model, uint64_t* version);
 Err* TRITONBACKEND_ModelRepository(TRITONBACKEND_Model* model, int* artifact_type, const char** location);
 Err* TRITONBACKEND_ModelConfig(TRITONBACKEND_Model* model, const uint32_t version, TRITONSERVER_Message** config);
+Err* TRITONBACKEND_ModelState(TRITONBACKEND_Model* model, void** state);
+Err* TRITONBACKEND_ModelSetState(TRITONBACKEND_Model* model, void* state);
 Err* TRITONBACKEND_ModelInstanceName(TRITONBACKEND_ModelInstance* instance, const char** name);
 Err* TRITONBACKEND_ModelInstanceKind(TRITONBACKEND_ModelInstance* instance, int* kind);
 Err* TRITONBACKEND_ModelInstanceDeviceId(TRITONBACKEND_ModelInstance* instance, int32_t* device_id);
@@ -123,8 +125,10 @@ struct Py {
   PyObject* (*ObjectStr)(PyObject*);
   PyObject* (*ErrOccurred)();
   void (*ErrFetch)(PyObject**, PyObject**, PyObject**);
-  void (*ErrRestore)(PyObject*, PyObject*, PyObject*);
-  void (*ErrPrint)();
+  void (*ErrNormalize)(PyObject**, PyObject**, PyObject**);
+  void (*ErrClear)();
+  int (*HasAttrString)(PyObject*, const char*);
+  PyObject* (*UnicodeJoin)(PyObject*, PyObject*);
   void (*DecRef)(PyObject*);
   PyObject* None;
   int (*RunSimpleStringFlags)(const char*, void*);
@@ -167,8 +171,9 @@ void load_python() {
       sym(lib, "PyUnicode_AsUTF8String", &py.UnicodeAsUTF8String) && sym(lib, "PyBytes_AsString", &py.BytesAsString) &&
       sym(lib, "PyLong_FromLongLong", &py.LongFromLongLong) && sym(lib, "PyLong_AsLongLong", &py.LongAsLongLong) &&
       sym(lib, "PyObject_Str", &py.ObjectStr) && sym(lib, "PyErr_Occurred", &py.ErrOccurred) &&
-      sym(lib, "PyErr_Fetch", &py.ErrFetch) && sym(lib, "PyErr_Restore", &py.ErrRestore) &&
-      sym(lib, "PyErr_Print", &py.ErrPrint) && sym(lib, "Py_DecRef", &py.DecRef) &&
+      sym(lib, "PyErr_Fetch", &py.ErrFetch) && sym(lib, "PyErr_NormalizeException", &py.ErrNormalize) &&
+      sym(lib, "PyErr_Clear", &py.ErrClear) && sym(lib, "PyObject_HasAttrString", &py.HasAttrString) &&
+      sym(lib, "PyUnicode_Join", &py.UnicodeJoin) && sym(lib, "Py_DecRef", &py.DecRef) &&
       sym(lib, "PyTuple_New", &py.TupleNew) && sym(lib, "PyTuple_SetItem", &py.TupleSetItem) &&
       sym(lib, "_Py_NoneStruct", &py.None) && sym(lib, "PyRun_SimpleStringFlags", &py.RunSimpleStringFlags);
   if (!ok) return;
@@ -194,20 +199,36 @@ struct GIL {
   ~GIL() { py.GILStateRelease(state); }
 };
 
-// The pending Python exception as text (printed to the server's log too); the GIL is held.
+std::string utf8(PyObject* str) {  // a new reference's text, the reference dropped
+  PyObject* b = str ? py.UnicodeAsUTF8String(str) : nullptr;
+  std::string out = b ? py.BytesAsString(b) : "";
+  if (b) py.DecRef(b);
+  if (str) py.DecRef(str);
+  return out;
+}
+
+// The pending Python exception, cleared: its message, and its traceback in the server's log. Not
+// PyErr_Print: on SystemExit that ends the process (every model in it), and it keeps the last
+// traceback (and the frames' objects: a model's GPU memory) alive in sys.last_traceback.
 std::string py_exception(const std::string& where) {
   if (!py.ErrOccurred()) return where + ": failed with no Python exception";
   PyObject *type, *value, *tb;
   py.ErrFetch(&type, &value, &tb);
-  std::string msg = where + ": ";
-  PyObject* s = value ? py.ObjectStr(value) : nullptr;
-  PyObject* b = s ? py.UnicodeAsUTF8String(s) : nullptr;
-  msg += b ? py.BytesAsString(b) : "(unprintable exception)";
-  if (b) py.DecRef(b);
-  if (s) py.DecRef(s);
-  py.ErrRestore(type, value, tb);
-  py.ErrPrint();
-  return msg;
+  py.ErrNormalize(&type, &value, &tb);
+  std::string msg = utf8(value ? py.ObjectStr(value) : nullptr);
+  if (msg.empty()) msg = "(an exception with no message)";
+  PyObject* mod = py.ImportModule("traceback");
+  PyObject* fmt = mod ? py.GetAttrString(mod, "format_exception") : nullptr;
+  PyObject* lines = fmt ? py.CallFunctionObjArgs(fmt, type ? type : py.None, value ? value : py.None,
+                                                 tb ? tb : py.None, nullptr)
+                        : nullptr;
+  PyObject* sep = py.UnicodeFromString("");
+  std::string text = lines ? utf8(py.UnicodeJoin(sep, lines)) : "";
+  for (PyObject* o : {sep, lines, fmt, mod, type, value, tb})
+    if (o) py.DecRef(o);
+  py.ErrClear();  // whatever formatting it raised
+  log(LOG_ERROR, where + ": " + (text.empty() ? msg : text));
+  return where + ": " + msg;
 }
 
 bool get_int(PyObject* obj, const char* name, long long* out, std::string* err) {
@@ -237,17 +258,7 @@ bool get_str(PyObject* obj, const char* name, std::string* out, std::string* err
 
 // An optional int attribute: absent leaves *out as it is.
 bool get_opt_int(PyObject* obj, const char* name, long long* out, std::string* err) {
-  PyObject* v = py.GetAttrString(obj, name);
-  if (!v) {
-    PyObject *type, *value, *tb;
-    py.ErrFetch(&type, &value, &tb);  // AttributeError: keep the default
-    if (type) py.DecRef(type);
-    if (value) py.DecRef(value);
-    if (tb) py.DecRef(tb);
-    return true;
-  }
-  py.DecRef(v);
-  return get_int(obj, name, out, err);
+  return !py.HasAttrString(obj, name) || get_int(obj, name, out, err);
 }
 
 void set_item(PyObject* dict, const char* key, const std::string& value) {
@@ -329,6 +340,46 @@ void copy_part(const std::vector<Copy>& jobs, size_t part, size_t parts) {
   for (size_t j = part; j < jobs.size(); j += parts) memcpy(jobs[j].dst, jobs[j].src, jobs[j].size);
 }
 
+// ---------------------------------------------------------------- one model, one namespace
+// model.py runs once per loaded model: its instances share the module's globals (the torch engine
+// keeps one model and compiled forward there), and a reload gets a fresh namespace.
+struct Model {
+  std::string rel;         // MODEL/VERSION/model.py, for errors
+  PyObject* ns = nullptr;  // runpy.run_path's result
+};
+
+Err* model_start(TRITONBACKEND_Model* triton, Model* m) {
+  std::call_once(py_once, load_python);
+  if (!py_error_at_load.empty()) return error(ERR_UNSUPPORTED, py_error_at_load);
+  const char *name, *repo;
+  uint64_t version;
+  int artifact;
+  Err* e;
+  if ((e = TRITONBACKEND_ModelName(triton, &name)) || (e = TRITONBACKEND_ModelVersion(triton, &version)) ||
+      (e = TRITONBACKEND_ModelRepository(triton, &artifact, &repo)))
+    return e;
+  const std::string file = std::string(repo) + "/" + std::to_string(version) + "/model.py";
+  m->rel = std::string(name) + "/" + std::to_string(version) + "/model.py";
+  GIL gil;
+  PyObject* runpy = py.ImportModule("runpy");
+  PyObject* run_path = runpy ? py.GetAttrString(runpy, "run_path") : nullptr;
+  PyObject* path = py.UnicodeFromString(file.c_str());
+  PyObject* run_name = py.UnicodeFromString((std::string("hkbatch_") + name).c_str());
+  m->ns = run_path ? py.CallFunctionObjArgs(run_path, path, py.None, run_name, nullptr) : nullptr;
+  py.DecRef(path);
+  py.DecRef(run_name);
+  if (run_path) py.DecRef(run_path);
+  if (runpy) py.DecRef(runpy);
+  if (!m->ns) return error(ERR_INVALID_ARG, py_exception("loading " + m->rel));
+  return nullptr;
+}
+
+void model_stop(Model* m) {
+  if (!m->ns) return;
+  GIL gil;
+  py.DecRef(m->ns);
+}
+
 // ---------------------------------------------------------------- one model instance
 struct Instance {
   TRITONBACKEND_ModelInstance* triton = nullptr;
@@ -372,28 +423,17 @@ Err* start(TRITONBACKEND_ModelInstance* triton, Instance* inst) {
   TRITONSERVER_MessageDelete(cfg);
   inst->triton = triton;
   inst->name = inst_name;
-  const std::string file = std::string(repo) + "/" + std::to_string(version) + "/model.py";
-  const std::string rel = std::string(model_name) + "/" + std::to_string(version) + "/model.py";  // for errors
+  void* vstate;
+  if ((e = TRITONBACKEND_ModelState(model, &vstate))) return e;
+  Model* m = static_cast<Model*>(vstate);
+  if (!m) return error(ERR_INTERNAL, "the model did not initialize");
+  const std::string& rel = m->rel;
   static const char* const KINDS[] = {"AUTO", "CPU", "GPU", "MODEL"};
 
   GIL gil;
   std::string err;
-  // runpy.run_path(file, run_name=...): the file's namespace, once per instance
-  PyObject* runpy = py.ImportModule("runpy");
-  PyObject* run_path = runpy ? py.GetAttrString(runpy, "run_path") : nullptr;
-  PyObject* path = py.UnicodeFromString(file.c_str());
-  PyObject* run_name = py.UnicodeFromString((std::string("hkbatch_") + model_name).c_str());
-  PyObject* ns = run_path ? py.CallFunctionObjArgs(run_path, path, py.None, run_name, nullptr) : nullptr;
-  py.DecRef(path);
-  py.DecRef(run_name);
-  if (run_path) py.DecRef(run_path);
-  if (runpy) py.DecRef(runpy);
-  if (!ns) return error(ERR_INVALID_ARG, py_exception("loading " + rel));
-  PyObject* cls = py.DictGetItemString(ns, "TritonBatchModel");  // borrowed
-  if (!cls) {
-    py.DecRef(ns);
-    return error(ERR_INVALID_ARG, rel + " has no class TritonBatchModel");
-  }
+  PyObject* cls = py.DictGetItemString(m->ns, "TritonBatchModel");  // borrowed
+  if (!cls) return error(ERR_INVALID_ARG, rel + " has no class TritonBatchModel");
   PyObject* args = py.DictNew();
   set_item(args, "model_config", config);
   set_item(args, "model_repository", repo);
@@ -406,7 +446,6 @@ Err* start(TRITONBACKEND_ModelInstance* triton, Instance* inst) {
   py.TupleSetItem(tuple, 0, args);  // steals args
   inst->model = py.CallObject(cls, tuple);
   py.DecRef(tuple);
-  py.DecRef(ns);
   if (!inst->model) return error(ERR_INVALID_ARG, py_exception(rel + ": TritonBatchModel()"));
   long long in_addr, out_addr;
   std::string dtype, dims;
@@ -439,7 +478,7 @@ Err* start(TRITONBACKEND_ModelInstance* triton, Instance* inst) {
   inst->out = reinterpret_cast<const char*>(out_addr);
   inst->run = py.GetAttrString(inst->model, "run");
   if (!inst->run) return error(ERR_INVALID_ARG, py_exception("TritonBatchModel.run"));
-  log(LOG_INFO, inst->name + ": " + file + ", batches up to " + std::to_string(inst->max_batch) + ", rows of " +
+  log(LOG_INFO, inst->name + ": " + rel + ", batches up to " + std::to_string(inst->max_batch) + ", rows of " +
       std::to_string(inst->in_row_bytes) + " bytes in, " + std::to_string(inst->out_row_bytes) + " out, " +
       std::to_string(inst->copy_threads) + " copy thread(s)");
   return nullptr;
@@ -448,14 +487,12 @@ Err* start(TRITONBACKEND_ModelInstance* triton, Instance* inst) {
 void stop(Instance* inst) {
   if (!inst->model) return;
   GIL gil;
-  PyObject* fin = py.GetAttrString(inst->model, "finalize");
+  PyObject* fin = py.HasAttrString(inst->model, "finalize") ? py.GetAttrString(inst->model, "finalize") : nullptr;
   if (fin) {
     PyObject* r = py.CallObject(fin, nullptr);
     if (!r) py_exception(inst->name + ": finalize()");
     else py.DecRef(r);
     py.DecRef(fin);
-  } else {
-    py_exception(inst->name + ": finalize");
   }
   if (inst->run) py.DecRef(inst->run);
   py.DecRef(inst->model);
@@ -515,6 +552,31 @@ Err* respond(Instance* inst, TRITONBACKEND_Response* resp, long long at, long lo
 }  // namespace
 
 extern "C" {
+
+__attribute__((visibility("default"))) Err* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* triton) {
+  Model* m = new Model();
+  Err* e = model_start(triton, m);
+  if (e) {  // as for instances: leave no state behind
+    model_stop(m);
+    delete m;
+    m = nullptr;
+  }
+  Err* se = TRITONBACKEND_ModelSetState(triton, m);
+  if (se && e) TRITONSERVER_ErrorDelete(se);
+  return e ? e : se;
+}
+
+__attribute__((visibility("default"))) Err* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* triton) {
+  void* state;
+  Err* e = TRITONBACKEND_ModelState(triton, &state);
+  if (e) return e;
+  Model* m = static_cast<Model*>(state);
+  if (m) {
+    model_stop(m);
+    delete m;
+  }
+  return nullptr;
+}
 
 __attribute__((visibility("default"))) Err* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelInstance* triton) {
   Instance* inst = new Instance();

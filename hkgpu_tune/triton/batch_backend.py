@@ -7,6 +7,7 @@ directory, where Triton looks for libtriton_hkbatch.so; the server gets libpytho
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -31,8 +32,29 @@ def source_sha() -> str:
         return hashlib.sha256(f.read()).hexdigest()
 
 
+def _file_sha(path: str) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            return hashlib.sha256(f.read()).hexdigest()
+    except OSError:
+        return None
+
+
+@functools.lru_cache(maxsize=None)
 def compiler() -> str | None:
-    return shutil.which("c++") or shutil.which("g++")
+    """A C++ compiler that can link libstdc++ statically (the library must not depend on the
+    libstdc++ that tritonserver's process has already loaded)."""
+    for name in ("c++", "g++"):
+        cxx = shutil.which(name)
+        if not cxx:
+            continue
+        try:
+            r = subprocess.run([cxx, "-print-file-name=libstdc++.a"], capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.TimeoutExpired):
+            continue
+        if os.path.isabs(r.stdout.strip()):   # found: a path; not found: the bare name
+            return cxx
+    return None
 
 
 def python_library() -> str | None:
@@ -45,12 +67,23 @@ def python_library() -> str | None:
     return path if os.path.isfile(path) else None
 
 
-def _prebuilt_ok() -> bool:
+def _recorded(lib: str) -> str | None:
+    """The source hash a library was built from, from its .sha256 ("SOURCE LIBRARY" hashes), when
+    the library is a regular file whose bytes still hash to what was recorded; else None."""
     try:
-        with open(PREBUILT + ".sha256") as f:
-            return f.read().strip() == source_sha() and os.path.isfile(PREBUILT)
+        if os.path.islink(lib) or not os.path.isfile(lib):
+            return None
+        with open(lib + ".sha256") as f:
+            parts = f.read().split()
     except OSError:
-        return False
+        return None
+    if len(parts) != 2 or _file_sha(lib) != parts[1]:
+        return None   # replaced or damaged since it was built
+    return parts[0]
+
+
+def _prebuilt_ok() -> bool:
+    return _recorded(PREBUILT) == source_sha()
 
 
 def available() -> tuple[bool, str]:
@@ -63,56 +96,53 @@ def available() -> tuple[bool, str]:
         return True, f"c++ at {cxx}, {os.path.basename(lib)}"
     if _prebuilt_ok():
         return True, f"built from this source, {os.path.basename(lib)}"
-    return False, "no C++ compiler (install g++) to build the hkbatch backend"
+    return False, "no C++ compiler with a static libstdc++ (install g++) to build the hkbatch backend"
 
 
 def server_env() -> dict[str, str]:
-    """What the backend reads in the server's environment to embed this Python."""
+    """What the backend reads in the server's environment to embed this Python, and this Python's
+    site-packages (a venv's are not under PYTHONHOME)."""
     lib = python_library()
     if not lib:
         return {}
+    import site
+    paths = [sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], *site.getsitepackages()]
     return {"HKGPU_PYTHON_LIBRARY": lib, "HKGPU_PYTHON_HOME": sys.base_prefix,
-            "HKGPU_PYTHON_EXECUTABLE": sys.executable}
+            "HKGPU_PYTHON_EXECUTABLE": sys.executable, "PYTHONPATH": ":".join(dict.fromkeys(paths))}
 
 
 def installed_sha(model_dir: str) -> str | None:
-    """The source hash (12 digits) of the library in MODEL_DIR, None when absent or not a file."""
-    target = os.path.join(model_dir, LIBRARY)
-    try:
-        if os.path.islink(target) or not os.path.isfile(target):
-            return None
-        with open(target + ".sha256") as f:
-            return f.read().strip()[:12] or None
-    except OSError:
-        return None
+    """The source hash (12 digits) of the library in MODEL_DIR; None when absent, a link, or changed
+    since it was built."""
+    got = _recorded(os.path.join(model_dir, LIBRARY))
+    return got[:12] if got else None
 
 
 def install(model_dir: str) -> bool:
-    """MODEL_DIR/libtriton_hkbatch.so built from this source (a .sha256 beside it says which);
-    True when it was (re)built. HkError when there is no compiler and no matching build."""
+    """MODEL_DIR/libtriton_hkbatch.so built from this source (a .sha256 beside it records the
+    source's and the library's hashes); True when it was (re)built. Built in a private directory
+    of its own, then written in with no link followed. HkError when nothing can build it."""
     target = os.path.join(model_dir, LIBRARY)
     want = source_sha()
     if installed_sha(model_dir) == want[:12]:
         return False
-    os.makedirs(model_dir, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".hkbatch-", suffix=".so", dir=model_dir)
-    os.close(fd)
-    try:
+    with tempfile.TemporaryDirectory(prefix="hkbatch-build-") as work:   # 0700, this user's
+        built = os.path.join(work, LIBRARY)
         cxx = compiler()
         if cxx:
-            r = subprocess.run([cxx, *FLAGS, "-o", tmp, SOURCE, "-ldl", "-lpthread"], capture_output=True, text=True, timeout=300)
+            r = subprocess.run([cxx, *FLAGS, "-o", built, SOURCE, "-ldl", "-lpthread"], capture_output=True,
+                               text=True, timeout=300)
             if r.returncode != 0:
                 raise HkError(f"triton: building the hkbatch backend failed: {(r.stderr or r.stdout).strip()[-800:]}")
         elif _prebuilt_ok():
-            shutil.copyfile(PREBUILT, tmp)
+            built = PREBUILT
         else:
             raise HkError("triton: no C++ compiler (install g++) to build the hkbatch backend")
-        os.chmod(tmp, 0o755)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    atomic_write(target + ".sha256", want + "\n")   # no link followed
+        with open(built, "rb") as f:
+            data = f.read()
+    os.makedirs(model_dir, exist_ok=True)
+    atomic_write(target, data, mode=0o755)   # no link followed
+    atomic_write(target + ".sha256", f"{want} {hashlib.sha256(data).hexdigest()}\n")
     return True
 
 

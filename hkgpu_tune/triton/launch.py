@@ -99,7 +99,8 @@ def server_env(t) -> dict[str, str]:
         env["PYTHONPATH"] = sysconfig.get_paths()["purelib"]
     if any(m.backend == "hkbatch" for m in t.models):   # it embeds this Python in the server
         from . import batch_backend
-        env.update(batch_backend.server_env())
+        for k, v in batch_backend.server_env().items():
+            env[k] = ":".join(dict.fromkeys([*env[k].split(":"), *v.split(":")])) if k == "PYTHONPATH" and k in env else v
     if t.gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = str(t.gpu)
     return env | mps_env(t)

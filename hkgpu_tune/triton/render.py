@@ -255,7 +255,10 @@ def model_state(t, model) -> dict:
         want_lib = batch_backend.source_sha()[:12]
         have_lib = batch_backend.installed_sha(d)
         if have_lib != want_lib:
-            reasons.append(f"{batch_backend.LIBRARY} {'absent' if have_lib is None else 'from another source'}")
+            lib = os.path.join(d, batch_backend.LIBRARY)
+            why_lib = ("from another source" if have_lib else "changed since it was built"
+                       if os.path.lexists(lib) else "absent")
+            reasons.append(f"{batch_backend.LIBRARY} {why_lib}")
             out.update(current=f"{current}/{have_lib or '-'}", desired=f"{out['desired']}/{want_lib}",
                        reason="; ".join(reasons))
         if not ok and (have_lib != want_lib or batch_backend.python_library() is None):

@@ -309,6 +309,7 @@ def run(t, model_name: str, grid: Grid, slo_ms: float, budget_s: float, duration
     if budget_s < per_load * len(levels):
         raise HkError(f"triton sweep: a budget of {budget_s:g} s is too small: one config alone needs about "
                       f"{per_load * len(levels):.0f} s ({len(levels)} load levels of {duration_s:g} s)")
+    reserve = confirm_s + PER_LEVEL_OVERHEAD_S if confirm_s > 0 else 0.0
     rep = Report(model_name, slo_ms, budget_s, date=datetime.datetime.now(datetime.timezone.utc).isoformat(
         timespec="seconds"))
     t0 = time.monotonic()
@@ -318,7 +319,7 @@ def run(t, model_name: str, grid: Grid, slo_ms: float, budget_s: float, duration
         for i, (cfg, label, mps) in enumerate(todo):
             spent = time.monotonic() - t0
             est = (spent / len(rep.points)) if rep.points else per_load * len(levels)
-            if rep.points and spent + est > budget_s:
+            if rep.points and spent + est + reserve > budget_s:   # leave time to confirm the best
                 rep.skipped = [lb for _, lb, _ in todo[i:]]
                 log(f"budget: {len(rep.skipped)} config(s) left unmeasured")
                 break
@@ -350,12 +351,12 @@ def run(t, model_name: str, grid: Grid, slo_ms: float, budget_s: float, duration
         if rep.best and confirm_s > 0:
             best, before = rep.best, rep.best.best
             reload = best is not rep.points[-1]   # the server holds the last point's config
-            if server_mps != best.mps:
-                server.close()
-                server = None
-                server = Server(t, workdir, best.mps, backends)
-                server_mps, reload = best.mps, True
             try:
+                if server_mps != best.mps:
+                    server.close()
+                    server = None
+                    server = Server(t, workdir, best.mps, backends)
+                    server_mps, reload = best.mps, True
                 if reload:
                     server.load(model_name, best.config)
                 confirm(server, model, best, confirm_s, processes, shm, slo_ms, log if verbose else None)

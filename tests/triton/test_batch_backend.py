@@ -60,6 +60,7 @@ def test_the_library_is_built_from_its_source_into_the_model_directory(server):
     assert not st["reason"] and "unsupported" not in st, st
     log = open(os.path.join(server["t"].run_dir, "tritonserver.log")).read()
     assert log.count("batches up to 16, rows of 16 bytes in, 16 out, 3 copy thread(s)") == 2   # both instances
+    assert "batch_rows: instance 2 of this model's namespace" in log   # model.py ran once for both
 
 
 def test_each_request_gets_its_own_rows_from_shared_batches(server):
@@ -91,32 +92,36 @@ def test_a_failing_run_answers_errors_and_the_server_keeps_serving(server):
     assert np.array_equal(infer(g, c, x), x * 2 + 10)
 
 
-def test_a_wrong_input_size_is_refused_per_request(server):
-    g, c = grpc_client(server["t"])
-    from tritonclient.utils import InferenceServerException
-    with pytest.raises(InferenceServerException):   # Triton checks the shape against the config
-        infer(g, c, np.zeros((1, 5), np.float32))
-    x = np.ones((1, 4), np.float32)
-    assert np.array_equal(infer(g, c, x), x * 2 + 4)
-
-
-def test_a_model_file_without_the_class_fails_to_load_with_the_reason(server):
+@pytest.mark.parametrize("name,file,msg", [
+    ("nocls", "batch_none.py", "hkbatch: nocls/1/model.py has no class TritonBatchModel"),
+    ("leaves", "batch_exit.py", "hkbatch: leaves/1/model.py: TritonBatchModel(): this model leaves"),
+    ("fp8", "batch_bad_dtype.py", "hkbatch: output_dtype FP8 is not a Triton data type"),
+])
+def test_a_model_that_cannot_start_fails_to_load_and_the_server_keeps_serving(server, name, file, msg):
     t = server["t"]
-    d = os.path.join(t.model_repository, "nocls")
+    d = os.path.join(t.model_repository, name)
     os.makedirs(os.path.join(d, "1"))
-    shutil.copyfile(os.path.join(DATA, "batch_none.py"), os.path.join(d, "1", "model.py"))
+    shutil.copyfile(os.path.join(DATA, file), os.path.join(d, "1", "model.py"))
     batch_backend.install(d)
     with open(os.path.join(d, "config.pbtxt"), "w") as f:
-        f.write('name: "nocls"\nbackend: "hkbatch"\nmax_batch_size: 4\n'
+        f.write(f'name: "{name}"\nbackend: "hkbatch"\nmax_batch_size: 4\n'
                 'input [{name: "INPUT0", data_type: TYPE_FP32, dims: [4]}]\n'
                 'output [{name: "OUTPUT0", data_type: TYPE_FP32, dims: [4]}]\n')
     from hkgpu_tune.triton import client
     c = client.Client(t.http.host, t.http.port)
-    with pytest.raises(HkError, match="hkbatch: nocls/1/model.py has no class TritonBatchModel"):
-        c.load_model("nocls")
-    assert c.model_ready("rows")
+    with pytest.raises(HkError) as e:
+        c.load_model(name)
+    assert msg in str(e.value), e.value
+    g, gc_ = grpc_client(t)   # still serving: a SystemExit in a model must not end the server
+    x = np.ones((1, 4), np.float32)
+    assert np.array_equal(infer(g, gc_, x), x * 2 + 4)
+    if file == "batch_bad_dtype.py":   # the model object existed: its finalize() ran
+        assert "batch_bad_dtype: finalized" in open(os.path.join(t.run_dir, "tritonserver.log")).read()
 
 
 def test_server_env_names_this_python():
+    import sysconfig
     env = batch_backend.server_env()
     assert os.path.isfile(env["HKGPU_PYTHON_LIBRARY"]) and os.access(env["HKGPU_PYTHON_EXECUTABLE"], os.X_OK)
+    # the embedded Python's home is the base prefix: a venv's packages come through PYTHONPATH
+    assert sysconfig.get_paths()["purelib"] in env["PYTHONPATH"].split(":")

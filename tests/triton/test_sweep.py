@@ -53,7 +53,11 @@ def test_sweep_picks_the_best_config_under_the_slo_writes_png_and_profile(prof, 
     assert best["p99_ms"] <= 500 and best["errors"] == 0 and best["requests"] > 0
     # the best level measured again over 3 x --duration-s, and that longer load is the answer
     assert doc["best"]["confirmed"] is True and best.get("confirm") and best["duration_s"] == 3.0, best
-    assert best["img_s"] == max(p["best"]["img_s"] for p in measured)
+
+    def top(p):   # a config's best short load within the SLO: what the pick compares
+        return max((x["img_s"] for x in p["loads"] if not x.get("confirm") and not x["errors"]
+                    and x["p99_ms"] <= 500), default=0)
+    assert top(doc["best"]) == max(top(p) for p in measured)
     # a real chart: a PNG image matplotlib reads back, of the size the sweep draws
     import matplotlib.image
     img = matplotlib.image.imread(str(png))

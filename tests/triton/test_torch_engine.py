@@ -75,7 +75,7 @@ def test_a_torch_model_is_served_by_the_backend_asked_for_with_the_engine_file(t
 
 @pytest.mark.parametrize("have_cxx,have_lib,want", [
     (True, True, ("hkbatch", "c++ at /usr/bin/c++")),
-    (False, True, ("python", "hkbatch unavailable: no C++ compiler (install g++)")),
+    (False, True, ("python", "hkbatch unavailable: no C++ compiler with a static libstdc++ (install g++)")),
     (True, False, ("python", "hkbatch unavailable: this Python")),
 ])
 def test_auto_picks_hkbatch_where_it_builds_and_says_why_not(monkeypatch, have_cxx, have_lib, want):
@@ -100,16 +100,25 @@ def test_hkbatch_library_drift_and_unsupported_in_the_repository_state(tmp_path,
     monkeypatch.setattr(batch_backend, "PREBUILT", "/nonexistent/libtriton_hkbatch.so")
     st = render.model_state(t, m)
     assert f"{batch_backend.LIBRARY} absent" in st["reason"]
-    assert st["unsupported"] == "the hkbatch backend: no C++ compiler (install g++) to build the hkbatch backend"
+    assert st["unsupported"] == ("the hkbatch backend: no C++ compiler with a static libstdc++ (install g++) "
+                                 "to build the hkbatch backend")
+    import hashlib
     with open(os.path.join(d, batch_backend.LIBRARY), "wb") as f:   # built from another source
         f.write(b"old")
     with open(os.path.join(d, batch_backend.LIBRARY + ".sha256"), "w") as f:
-        f.write("0" * 64 + "\n")
+        f.write("0" * 64 + " " + hashlib.sha256(b"old").hexdigest() + "\n")
     st = render.model_state(t, m)
     assert f"{batch_backend.LIBRARY} from another source" in st["reason"] and st["current"] != st["desired"]
+    with open(os.path.join(d, batch_backend.LIBRARY + ".sha256"), "w") as f:   # the right source ...
+        f.write(batch_backend.source_sha() + " " + hashlib.sha256(b"old").hexdigest() + "\n")
+    assert batch_backend.LIBRARY not in render.model_state(t, m)["reason"]
+    with open(os.path.join(d, batch_backend.LIBRARY), "ab") as f:               # ... then the bytes change
+        f.write(b"planted")
+    st = render.model_state(t, m)
+    assert f"{batch_backend.LIBRARY} changed since it was built" in st["reason"], st
     with pytest.raises(HkError, match="no C\\+\\+ compiler"):
         batch_backend.install(d)
-    assert open(os.path.join(d, batch_backend.LIBRARY), "rb").read() == b"old"   # left as it was
+    assert open(os.path.join(d, batch_backend.LIBRARY), "rb").read() == b"oldplanted"   # left as it was
     assert not [f for f in os.listdir(d) if f.startswith(".hkbatch-")]
 
 
@@ -232,3 +241,23 @@ def test_the_container_form_never_gets_hkbatch(tmp_path, build, want):
         return
     m = parse_profile_text(text, "p.yaml").section("triton").models[0]
     assert m.backend == want[0] and m.engine_reason.endswith(f"served by {want[0]}: {want[1]}"), m.engine_reason
+
+
+def test_install_writes_no_link_and_rebuilds_a_changed_library(tmp_path):
+    from hkgpu_tune.triton import batch_backend
+    if not batch_backend.available()[0]:
+        pytest.skip(f"hkbatch cannot be built here: {batch_backend.available()[1]}")
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / batch_backend.LIBRARY).symlink_to(victim)   # root must not write through it
+    with pytest.raises(HkError, match="it is a link"):
+        batch_backend.install(str(d))
+    assert victim.read_text() == "keep"
+    (d / batch_backend.LIBRARY).unlink()
+    assert batch_backend.install(str(d)) is True and batch_backend.install(str(d)) is False
+    with open(d / batch_backend.LIBRARY, "ab") as f:   # changed after the build: built again
+        f.write(b"x")
+    assert batch_backend.installed_sha(str(d)) is None and batch_backend.install(str(d)) is True
+    assert batch_backend.installed_sha(str(d)) == batch_backend.source_sha()[:12]

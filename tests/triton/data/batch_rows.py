@@ -6,6 +6,8 @@ import sys
 
 import numpy as np
 
+INSTANCES = []   # this model's instances share the module's namespace (one per loaded model)
+
 
 class TritonBatchModel:
     def __init__(self, args):
@@ -24,6 +26,8 @@ class TritonBatchModel:
         self.in_addr, self.out_addr = self.x.ctypes.data, self.y.ctypes.data
         self.in_row_bytes = self.out_row_bytes = width * 4
         self.copy_threads, self.copy_min_bytes = 3, 0   # every batch's gather split over 3 threads
+        INSTANCES.append(self)
+        print(f"batch_rows: instance {len(INSTANCES)} of this model's namespace", flush=True)
 
     def run(self, n):
         x = self.x[:n]
