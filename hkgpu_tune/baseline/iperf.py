@@ -16,6 +16,9 @@ from ..errors import HkError
 
 MISSING = "iperf3 is not installed (Debian package iperf3): no throughput measured"
 BUSY = "the server is busy"
+# a persistent `iperf3 -s` closes and reopens its listening socket after each test: a client that
+# connects in that moment is refused or reset (esnet/iperf pull request 2066)
+BETWEEN_TESTS = ("Connection refused", "Connection reset")
 
 
 def exe() -> str | None:
@@ -88,6 +91,9 @@ def client(addr: str, port: int = 5201, seconds: int = 5, streams: int = 4, reve
         r = parse(p.stdout if p.stdout.strip() else p.stderr)
         if r.error and BUSY in r.error and attempt < busy_retries:
             time.sleep(0.5 * (attempt + 1))   # another host's test holds the server: wait our turn
+            continue
+        if r.error and any(x in r.error for x in BETWEEN_TESTS) and attempt < busy_retries:
+            time.sleep(0.2 * (attempt + 1))   # the server between two tests (or not there: said after)
             continue
         return r
     return r
