@@ -384,15 +384,11 @@ class TritonBatchModel:
         self.in_row_bytes = eng.host_in_np[0].nbytes
         self.out_row_bytes = eng.host_out_np[0].nbytes
         self.copy_threads = copy_threads(p)   # the C++ side's threads for the gather (1 MB batches and up)
-        self.stats = Stats(str(name).replace("/", "_"))
 
-    def run(self, n: int) -> None:
-        t0 = time.perf_counter()
+    def run(self, n: int) -> None:   # its phases are in Triton's own statistics (the C++ side reports them)
         self.engine.run_pinned(n)
-        self.stats.add(n, [t0, t0, t0, time.perf_counter(), time.perf_counter()])
 
     def finalize(self):
-        self.stats.flush()
         self.engine = None
 
 
