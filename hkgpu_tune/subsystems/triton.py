@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import re
 from dataclasses import dataclass, field, replace
 
 from ..errors import ApplyError, HkError

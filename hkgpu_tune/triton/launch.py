@@ -15,6 +15,7 @@ import pwd
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import sysconfig
@@ -31,6 +32,7 @@ CONTAINER_REPO = "/models"
 CONTROL_MODE = "explicit"
 # latency summaries for p50/p95/p99 (nv_inference_request_summary_us{quantile}) next to the default
 # counters and nv_inference_pending_request_count; monitoring/ alerts on these (docs/monitoring.md)
+STOP_GRACE_S = 10  # past the server's own exit timeout before it is killed
 METRICS_CONFIG = ("--metrics-config=summary_latencies=true",
                   "--metrics-config=summary_quantiles=0.5:0.05,0.95:0.01,0.99:0.001")
 
@@ -225,7 +227,7 @@ def render_unit(t, place: dict | None = None) -> str:
     else:  # the runtime needs root; the server inside runs as the image's or the profile's user
         lines.append(f"ExecStartPre=-{shutil.which(t.runtime) or t.runtime} rm --force {t.unit}")
         lines.append("ExecStart=" + shlex.join(argv))
-        lines.append(f"ExecStop={t.runtime} stop --time {int(t.gate.stop_timeout_s)} {t.unit}")
+        lines.append(f"ExecStop={t.runtime} stop --time {int(t.gate.stop_timeout_s) + STOP_GRACE_S} {t.unit}")
         # systemd ends the foreground `run` once ExecStop returns, before its --rm has removed the
         # container: an exited container was left behind (seen with podman on the VM test node)
         lines.append(f"ExecStopPost=-{shutil.which(t.runtime) or t.runtime} rm --force {t.unit}")
@@ -236,7 +238,7 @@ def render_unit(t, place: dict | None = None) -> str:
     if place.get("mems"):
         lines += ["NUMAPolicy=bind", f"NUMAMask={cpu_list(place['mems'])}"]
     lines += [f"# placement: {place.get('source', '')}",
-              "Restart=on-failure", "RestartSec=5", f"TimeoutStopSec={int(t.gate.stop_timeout_s) + 10}",
+              "Restart=on-failure", "RestartSec=5", f"TimeoutStopSec={int(t.gate.stop_timeout_s) + 2 * STOP_GRACE_S}",
               "KillMode=control-group", "", "[Install]", "WantedBy=multi-user.target", ""]
     return "\n".join(lines)
 
@@ -599,7 +601,8 @@ def wait_ready(t, backends=None, timeout: float | None = None) -> float:
     delay = 0.02
     try:
         while True:
-            if c.ready() and all(c.model_ready(m.name) for m in t.models):
+            # HTTP answers before the metrics endpoint listens (tritonserver starts it last)
+            if c.ready() and all(c.model_ready(m.name) for m in t.models) and not endpoints_down(t):
                 return time.monotonic() - t0
             st = status(t, backends)
             if not st["active"] and supervisor(t, backends) == "process":
@@ -610,12 +613,32 @@ def wait_ready(t, backends=None, timeout: float | None = None) -> float:
                 raise HkError(f"triton: {st['target']} stopped before it was ready "
                               f"(journalctl -u {st['target']} says why)")
             if time.monotonic() - t0 > timeout:
-                raise HkError(f"triton: not ready after {timeout:.0f} s (/v2/health/ready on "
-                              f"{t.http.host}:{t.http.port}):\n{log_tail(t)}")
+                down = endpoints_down(t) if c.ready() else []
+                what = (f"the {' and '.join(down)} endpoint not answering" if down
+                        else f"/v2/health/ready on {t.http.host}:{t.http.port}")
+                raise HkError(f"triton: not ready after {timeout:.0f} s ({what}):\n{log_tail(t)}")
             time.sleep(delay)
             delay = min(delay * 1.5, 0.1)
     finally:
         c.close()
+
+
+def endpoints_down(t) -> list[str]:
+    """The gRPC and metrics endpoints the server was asked for that do not answer yet."""
+    down = []
+    if "--allow-grpc=false" not in t.extra_args:
+        try:
+            socket.create_connection((t.grpc.host, t.grpc.port), timeout=2).close()
+        except OSError:
+            down.append(f"grpc ({t.grpc.host}:{t.grpc.port})")
+    if "--allow-metrics=false" not in t.extra_args:
+        m = client.Client(t.metrics.host, t.metrics.port, timeout=2)
+        try:
+            if not m._ok("/metrics"):
+                down.append(f"metrics ({t.metrics.host}:{t.metrics.port})")
+        finally:
+            m.close()
+    return down
 
 
 def _reap(t) -> str:
@@ -642,7 +665,11 @@ def _group_members(pgid: int) -> list[int]:
 
 def stop(t, backends=None, timeout: float | None = None) -> dict:
     """Stop the service; in process form SIGTERM the whole process group (server and backend stubs),
-    poll until none is left, SIGKILL what remains after the timeout. Returns what happened."""
+    poll until none is left, SIGKILL what remains after the timeout. Returns what happened.
+
+    `timeout` is the server's own --exit-timeout-secs: tritonserver waits that long for a model's
+    unload (a Python-backend unload can hang until then) and then ends itself, so the SIGKILL comes
+    STOP_GRACE_S later, as systemd's TimeoutStopSec does."""
     timeout = ServiceRef.of(t, backends).stop_timeout_s if timeout is None else timeout
     if supervisor(t, backends) == "systemd":
         b = _b(backends)
@@ -659,13 +686,14 @@ def stop(t, backends=None, timeout: float | None = None) -> dict:
     t0 = time.monotonic()
     if st.get("launch") == "container":
         from ..backends.command import Command
-        Command().run([t.runtime, "stop", "--time", str(int(timeout)), t.unit], timeout=timeout + 10)
+        Command().run([t.runtime, "stop", "--time", str(int(timeout) + STOP_GRACE_S), t.unit],
+                      timeout=timeout + 2 * STOP_GRACE_S)
     try:
         os.killpg(pid, signal.SIGTERM)
     except ProcessLookupError:
         pass
     how = "SIGTERM"
-    while _group_members(pid) and time.monotonic() - t0 < timeout:
+    while _group_members(pid) and time.monotonic() - t0 < timeout + STOP_GRACE_S:
         _reap(t)
         time.sleep(0.05)
     left = _group_members(pid)

@@ -97,7 +97,7 @@ def test_container_unit_runs_the_container_in_the_foreground(tmp_path):
     exec_line = next(x for x in text.splitlines() if x.startswith("ExecStart="))
     assert exec_line.startswith("ExecStart=docker run --rm --name hkgpu-triton --gpus device=0 --network host")
     assert "--detach" not in exec_line
-    assert "ExecStop=docker stop --time 30 hkgpu-triton" in text
+    assert "ExecStop=docker stop --time 40 hkgpu-triton" in text
 
 
 def test_cpu_list_and_placement_fallback(tmp_path, monkeypatch):

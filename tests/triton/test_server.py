@@ -69,7 +69,7 @@ def test_ready_pinned_and_bound_to_loopback(server):
     proc = psutil.Process(st["pid"])
     assert proc.cpu_affinity() == launch.placement(t)["cpus"]
     listening = {(cn.laddr.ip, cn.laddr.port) for cn in proc.net_connections("tcp") if cn.status == "LISTEN"}
-    assert {p for _, p in listening} >= set(server["ports"])
+    assert {p for _, p in listening} >= set(server["ports"]), launch.log_tail(t, 30)  # metrics included
     assert {ip.removeprefix("::ffff:") for ip, _ in listening} == {"127.0.0.1"}  # nothing on 0.0.0.0 unless asked
 
 
@@ -177,7 +177,7 @@ def test_stop_leaves_no_process(server):
     t, root = server["t"], server["root"]
     assert ours(root), "the server and its stub run before the stop"
     rep = launch.stop(t)
-    assert rep["stopped"] and rep["left"] == [] and rep["how"] == "SIGTERM"
+    assert rep["stopped"] and rep["left"] == [] and rep["how"] == "SIGTERM", (rep, launch.log_tail(t, 30))
     assert ours(root) == []
     assert not launch.status(t)["active"]
     assert launch.stop(t)["how"] == "was not running"

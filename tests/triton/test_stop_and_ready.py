@@ -1,0 +1,105 @@
+"""The launcher's two timings against tritonserver's own: ready means every endpoint answers
+(tritonserver starts its metrics endpoint after HTTP), and a stop lets the server use its whole
+--exit-timeout-secs before anything is killed. Stand-in processes play the server here; the real
+tritonserver runs the same paths in test_server.py."""
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+import urllib.request
+
+import psutil
+import pytest
+
+from hkgpu_tune.errors import HkError
+from hkgpu_tune.profile import parse_profile_text
+from hkgpu_tune.triton import launch
+
+from .conftest import DATA, dump, free_ports, profile_dict
+
+
+def section(tmp_path, ports, stop_timeout_s=1):
+    doc = profile_dict(tmp_path, ports)
+    doc["triton"]["supervisor"] = "process"
+    doc["triton"]["gate"]["stop_timeout_s"] = stop_timeout_s
+    return parse_profile_text(dump(doc), str(tmp_path / "p.yaml")).section("triton")
+
+
+def spawn(t, *argv) -> int:
+    return launch._spawn(launch.ServiceRef.of(t), [sys.executable, *argv], {}, None, "binary", {})
+
+
+@pytest.fixture
+def stopped(request):
+    made = []
+    yield made
+    for t in made:
+        launch.stop(t, timeout=0)
+
+
+def metrics_answer(port) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        return r.status
+
+
+def test_ready_waits_for_the_metrics_endpoint(tmp_path, stopped):
+    ports = free_ports(3)
+    t = section(tmp_path, ports)
+    spawn(t, os.path.join(DATA, "fake_endpoints.py"), *map(str, ports), "1.0")
+    stopped.append(t)
+    waited = launch.wait_ready(t, timeout=20)
+    assert metrics_answer(ports[2]) == 200      # what a scrape or a gate right after ready reads
+    assert waited >= 0.9, waited
+
+
+def test_a_metrics_endpoint_that_never_answers_is_named(tmp_path, stopped):
+    ports = free_ports(3)
+    t = section(tmp_path, ports)
+    spawn(t, os.path.join(DATA, "fake_endpoints.py"), *map(str, ports), "-1")
+    stopped.append(t)
+    with pytest.raises(HkError) as e:
+        launch.wait_ready(t, timeout=1.5)
+    assert str(e.value).startswith(f"triton: not ready after 2 s (the metrics (127.0.0.1:{ports[2]}) "
+                                   f"endpoint not answering)"), str(e.value)
+
+
+def test_a_server_using_its_whole_exit_timeout_is_not_killed(tmp_path, monkeypatch):
+    """tritonserver waits --exit-timeout-secs for a hung unload, then ends itself: the SIGKILL must
+    not race it."""
+    monkeypatch.setattr(launch, "STOP_GRACE_S", 2)
+    t = section(tmp_path, free_ports(3), stop_timeout_s=1)
+    pid = spawn(t, os.path.join(DATA, "slow_exit.py"), "1.3")
+    time.sleep(0.5)  # its SIGTERM handler is set
+    rep = launch.stop(t)
+    assert rep["how"] == "SIGTERM" and rep["left"] == [] and rep["stopped"], rep
+    assert rep["seconds"] >= 1.2, rep
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_server_that_never_ends_is_killed_after_the_grace(tmp_path, monkeypatch):
+    monkeypatch.setattr(launch, "STOP_GRACE_S", 1)
+    t = section(tmp_path, free_ports(3), stop_timeout_s=1)
+    pid = spawn(t, os.path.join(DATA, "slow_exit.py"), "-1")
+    time.sleep(0.5)
+    rep = launch.stop(t)
+    assert rep["how"] == "SIGKILL after timeout" and rep["left"] == [] and rep["stopped"], rep
+    assert 2.0 <= rep["seconds"] < 10, rep
+    assert not psutil.pid_exists(pid)
+
+
+def test_the_unit_outlasts_the_servers_exit_timeout(tmp_path):
+    for form in ("binary", "container"):
+        t = section(tmp_path, (18000, 18001, 18002), stop_timeout_s=30)
+        if form == "container":
+            doc = profile_dict(tmp_path, (18000, 18001, 18002))
+            doc["triton"].update(launch="container", image="tritonserver:24.08-py3", gpu=0)
+            t = parse_profile_text(dump(doc), str(tmp_path / "c.yaml")).section("triton")
+        text = launch.render_unit(t, {"cpus": [0], "mems": [0], "source": "test"})
+        exit_s = int(re.search(r"--exit-timeout-secs=(\d+)", text).group(1))
+        systemd_s = int(re.search(r"^TimeoutStopSec=(\d+)$", text, re.M).group(1))
+        assert exit_s == 30 and systemd_s > exit_s, (form, exit_s, systemd_s)
+        if form == "container":
+            stop_s = int(re.search(r"^ExecStop=\S+ stop --time (\d+) ", text, re.M).group(1))
+            assert exit_s < stop_s < systemd_s, (exit_s, stop_s, systemd_s)
