@@ -191,8 +191,9 @@ def run_stop(ctx: Context) -> int:
         rep = launch.stop(t, b)
     finally:
         b.close()
-    _out(ctx, rep, f"stopped ({rep['how']}, {rep.get('seconds', 0)} s)" if rep["stopped"]
-         else rep["how"] if not rep["left"] else f"processes left: {fmt(rep['left'])}")
+    line = (f"stopped ({rep['how']}, {rep.get('seconds', 0)} s)" if rep["stopped"]
+            else rep["how"] if not rep["left"] else f"processes left: {fmt(rep['left'])}")
+    _out(ctx, rep, line + (f"\n{rep['note']}" if rep.get("note") else ""))
     return EXIT_OK if not rep["left"] else EXIT_ERROR
 
 

@@ -461,16 +461,16 @@ class Plugin(Subsystem):
                 rec = launch.process_record(t) or {}
                 state["process"] = {"argv": rec.get("argv"), "env": rec.get("env", {}), "want": launch.launched_as(t),
                                     "record": launch.respawn_record(rec)}
-            c = client.Client(t.http.host, t.http.port, timeout=5)
-            state["server_ready"] = c.ready()
-            state["models"] = {}
-            for m in t.models:
-                entry = {"ready": c.model_ready(m.name)}
-                try:
-                    entry["config"] = c.model_config(m.name)
-                except HkError as e:
-                    entry["config_error"] = str(e)
-                state["models"][m.name] = entry
+            with client.Client(t.http.host, t.http.port, timeout=5) as c:
+                state["server_ready"] = c.ready()
+                state["models"] = {}
+                for m in t.models:
+                    entry = {"ready": c.model_ready(m.name)}
+                    try:
+                        entry["config"] = c.model_config(m.name)
+                    except HkError as e:
+                        entry["config_error"] = str(e)
+                    state["models"][m.name] = entry
             state["metrics"] = client.metrics_answer(t.metrics.host, t.metrics.port)
             if t.mps is not None and t.gpu is not None:
                 state["mps"] = self._mps_clients(t)

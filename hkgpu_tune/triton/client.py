@@ -36,6 +36,13 @@ class Client:
             self.conn.close()
             self.conn = None
 
+    # tritonserver's stop waits (up to its exit timeout) for every open HTTP connection to close
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
     def request(self, method: str, path: str, body: bytes | None = None, headers=None) -> tuple[int, dict, bytes]:
         for attempt in (1, 2):  # a keep-alive connection the server closed: reconnect once
             try:

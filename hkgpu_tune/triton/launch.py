@@ -711,7 +711,11 @@ def stop(t, backends=None, timeout: float | None = None) -> dict:
         _CHILDREN.pop(pid).wait(timeout=5)
     left = _group_members(pid)
     _clear_state(t)
-    return {"stopped": not left, "how": how, "seconds": round(time.monotonic() - t0, 2), "left": left}
+    rep = {"stopped": not left, "how": how, "seconds": round(time.monotonic() - t0, 2), "left": left}
+    if rep["seconds"] >= timeout > 0:
+        rep["note"] = (f"the server used its whole exit timeout ({timeout:.0f} s): a client kept an HTTP "
+                       f"connection open or a model did not unload (see {st.get('log') or 'its log'})")
+    return rep
 
 
 def _clear_state(t) -> None:

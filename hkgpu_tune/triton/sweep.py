@@ -140,16 +140,25 @@ def configs(model, grid: Grid, mps_available: bool) -> list[tuple[dict, str, boo
 
 # ---------------------------------------------------------------- the sweep's own server
 def _free_ports(n: int) -> list[int]:
-    import socket
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
+    """n loopback ports nothing listens on, below the kernel's ephemeral range: a port the kernel
+    handed out (bind to 0) can go to an outgoing connection before the server binds it."""
+    import random
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng, ports = random.Random(), []
+    for _ in range(1000):
+        port = rng.randrange(max(1024, low - 12000), low)
+        if port not in ports and client.port_free("127.0.0.1", port):
+            ports.append(port)
+            if len(ports) == n:
+                return ports
+    raise HkError(f"triton sweep: no {n} free loopback ports below {low} (the ephemeral range)")
+
+
+SWEEP_EXIT_S = 10.0
 
 
 def sweep_section(t, workdir: str, mps: bool):
@@ -158,7 +167,10 @@ def sweep_section(t, workdir: str, mps: bool):
     http, grpc, metrics = _free_ports(3)
     kw = dict(http=Endpoint(http), grpc=Endpoint(grpc), metrics=Endpoint(metrics),
               model_repository=os.path.join(workdir, "models"), run_dir=os.path.join(workdir, "run"),
-              supervisor="process", launch="binary", unit=f"{t.unit}-sweep")
+              supervisor="process", launch="binary", unit=f"{t.unit}-sweep",
+              # a config that failed to load stays a "live model" tritonserver waits its whole exit
+              # timeout for at stop; this server has no clients of its own left to drain by then
+              gate=dataclasses.replace(t.gate, stop_timeout_s=min(t.gate.stop_timeout_s, SWEEP_EXIT_S)))
     if hasattr(t, "mps") and not mps:
         kw["mps"] = None
     return dataclasses.replace(t, **kw)

@@ -108,8 +108,7 @@ def test_a_model_that_cannot_start_fails_to_load_and_the_server_keeps_serving(se
                 'input [{name: "INPUT0", data_type: TYPE_FP32, dims: [4]}]\n'
                 'output [{name: "OUTPUT0", data_type: TYPE_FP32, dims: [4]}]\n')
     from hkgpu_tune.triton import client
-    c = client.Client(t.http.host, t.http.port)
-    with pytest.raises(HkError) as e:
+    with client.Client(t.http.host, t.http.port) as c, pytest.raises(HkError) as e:
         c.load_model(name)
     assert msg in str(e.value), e.value
     g, gc_ = grpc_client(t)   # still serving: a SystemExit in a model must not end the server
@@ -117,6 +116,15 @@ def test_a_model_that_cannot_start_fails_to_load_and_the_server_keeps_serving(se
     assert np.array_equal(infer(g, gc_, x), x * 2 + 4)
     if file == "batch_bad_dtype.py":   # the model object existed: its finalize() ran
         assert "batch_bad_dtype: finalized" in open(os.path.join(t.run_dir, "tritonserver.log")).read()
+
+
+def test_the_server_stops_without_waiting_out_its_exit_timeout(server):
+    """tritonserver's stop waits up to its exit timeout for open HTTP connections: a Client left
+    open (a traceback that keeps one alive is enough) made this stop take 30 s."""
+    t = server["t"]
+    rep = launch.stop(t)
+    assert rep["stopped"] and rep["how"] == "SIGTERM" and "note" not in rep, rep
+    assert "Exit timeout expired" not in open(os.path.join(t.run_dir, "tritonserver.log")).read()
 
 
 def test_server_env_names_this_python():
