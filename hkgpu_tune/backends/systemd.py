@@ -33,9 +33,9 @@ class Systemd:
         if not self.available():
             raise UnsupportedError(self.why_not())
 
-    def _ctl(self, *args, check=True):
+    def _ctl(self, *args, check=True, timeout: float = 60):
         self._need()
-        r = self.cmd.run(["systemctl", *args], timeout=60)
+        r = self.cmd.run(["systemctl", *args], timeout=timeout)
         if check and r.rc != 0:
             raise ApplyError(f"systemctl {' '.join(args)}: {(r.err or r.out).strip() or f'exit {r.rc}'}")
         return r
@@ -59,8 +59,9 @@ class Systemd:
     def start(self, unit: str) -> None:
         self._ctl("start", unit)
 
-    def stop(self, unit: str) -> None:
-        self._ctl("stop", unit)
+    def stop(self, unit: str, timeout: float = 60) -> None:
+        """systemctl stop, waited for up to `timeout` s (the unit's TimeoutStopSec can be longer than 60)."""
+        self._ctl("stop", unit, timeout=timeout)
 
     def daemon_reload(self) -> None:
         self._ctl("daemon-reload")

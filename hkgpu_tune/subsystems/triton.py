@@ -33,6 +33,12 @@ from .base import Subsystem
 NAME_RE = r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}"
 USER_RE = r"[a-z_][a-z0-9_-]{0,31}"
 SIZE_RE = r"[0-9]+[kKmMgG]?"
+# tritonserver options the launcher sets from the profile (an extra_args copy would override them)
+PROFILE_OPTIONS = {"--model-repository": "model_repository", "--http-port": "http.port", "--grpc-port": "grpc.port",
+                   "--metrics-port": "metrics.port", "--http-address": "http.address",
+                   "--grpc-address": "grpc.address", "--metrics-address": "metrics.address",
+                   "--exit-timeout-secs": "gate.stop_timeout_s", "--model-control-mode": "models (explicit control)",
+                   "--load-model": "models"}
 
 
 @dataclass(frozen=True)
@@ -371,8 +377,14 @@ def parse_profile(node) -> Triton:
     if "python_stub" in m:
         kw["python_stub"] = m["python_stub"].string(r"3\.\d+", "a Python version such as 3.11")
     if "extra_args" in m:
-        kw["extra_args"] = tuple(i.string(r"--[a-z][a-z0-9-]*(=.*)?", "a tritonserver option like --log-verbose=1")
-                                 for i in m["extra_args"].items())
+        args = []
+        for i in m["extra_args"].items():
+            arg = i.string(r"--[a-z][a-z0-9-]*(=.*)?", "a tritonserver option like --log-verbose=1")
+            if arg.split("=", 1)[0] in PROFILE_OPTIONS:
+                raise i.error(f"{arg.split('=', 1)[0]} is set from the profile: use "
+                              f"triton.{PROFILE_OPTIONS[arg.split('=', 1)[0]]}")
+            args.append(arg)
+        kw["extra_args"] = tuple(args)
     models, seen = [], {}
     for item in m["models"].items():
         mod = _model(item, base, container=kw.get("launch") == "container")
@@ -454,8 +466,10 @@ class Plugin(Subsystem):
                  "engines": {m.name: engine_facts(m) for m in t.models if m.engine},
                  "ref": self._ref()}
         if state["ref"]["supervisor"] == "systemd":
-            state["unit"] = {k: v for k, v in launch.unit_state(t, self.b).items() if k != "text"}
+            unit = launch.unit_state(t, self.b)
+            state["unit"] = {k: v for k, v in unit.items() if k != "text"}
             state["unit"]["before"] = self.b.systemd.read_unit(launch.unit_name(t))
+            state["unit"]["restart"] = launch.unit_needs_restart(state["unit"]["before"], unit["text"])
         if state["service"]["active"]:
             if state["ref"]["supervisor"] == "process":
                 rec = launch.process_record(t) or {}
@@ -515,8 +529,9 @@ class Plugin(Subsystem):
         if "unit" in state:
             u = state["unit"]
             ok = u["current"] == u["desired"]
-            res.append(self.result(u["path"], "unit", u["current"], u["desired"], OK if ok else DRIFT,
-                                   "" if ok else "the unit file is not the one the profile renders",
+            why = ("" if ok else "the unit file is not the one the profile renders" if u.get("restart", True)
+                   else "the unit's stop settings are not the ones the profile renders (a reload, no restart)")
+            res.append(self.result(u["path"], "unit", u["current"], u["desired"], OK if ok else DRIFT, why,
                                    write=None if ok else "rendered", data={"before": u.get("before"), "service": ref}))
         svc = state["service"]
         target = svc["target"]
@@ -605,7 +620,8 @@ class Plugin(Subsystem):
         t = self.t
         started = any(c.key == "service" for c in changes)
         reload = [c for c in changes if c.key in ("repository", "served_config")]
-        restart = [c for c in changes if c.key in ("unit", "command")]
+        restart = [c for c in changes if c.key == "command" or c.key == "unit" and launch.unit_needs_restart(
+            c.data.get("before"), self.b.systemd.read_unit(launch.unit_name(t)))]
         active = not started and launch.status(t, self.b)["active"]
         if active and reload and not launch.explicit(t, self.b):
             restart.append(None)  # a server from before explicit model control: restart once

@@ -306,6 +306,19 @@ def unit_state(t, backends=None, place: dict | None = None) -> dict:
             "desired": "as rendered", "text": want, "path": b.systemd.unit_path(unit_name(t))}
 
 
+STOP_ONLY = ("TimeoutStopSec=", "ExecStop=", "ExecStopPost=")
+
+
+def unit_needs_restart(before: str | None, after: str | None) -> bool:
+    """Whether a unit change reaches the running server only by a restart: what systemd reads only
+    at a stop (its timeout, ExecStop) takes effect with the daemon-reload."""
+    if before is None or after is None:
+        return True
+    def keep(text):
+        return [ln for ln in text.splitlines() if not ln.startswith(STOP_ONLY)]
+    return keep(before) != keep(after)
+
+
 def install_unit(t, backends=None, place: dict | None = None) -> bool:
     """Write the unit where it differs and reload systemd; True when it changed."""
     b = _b(backends)
@@ -623,15 +636,25 @@ def wait_ready(t, backends=None, timeout: float | None = None) -> float:
         c.close()
 
 
+def _allowed(t, endpoint: str) -> bool:
+    """Whether --allow-ENDPOINT in extra_args leaves it on (the last one counts, as in tritonserver)."""
+    on = True
+    for arg in t.extra_args:
+        name, _, value = arg.partition("=")
+        if name == f"--allow-{endpoint}":
+            on = value.strip().lower() not in ("false", "0", "off", "no")
+    return on
+
+
 def endpoints_down(t) -> list[str]:
     """The gRPC and metrics endpoints the server was asked for that do not answer yet."""
     down = []
-    if "--allow-grpc=false" not in t.extra_args:
+    if _allowed(t, "grpc"):
         try:
             socket.create_connection((t.grpc.host, t.grpc.port), timeout=2).close()
         except OSError:
             down.append(f"grpc ({t.grpc.host}:{t.grpc.port})")
-    if "--allow-metrics=false" not in t.extra_args:
+    if _allowed(t, "metrics"):
         m = client.Client(t.metrics.host, t.metrics.port, timeout=2)
         try:
             if not m._ok("/metrics"):
@@ -675,8 +698,12 @@ def stop(t, backends=None, timeout: float | None = None) -> dict:
         b = _b(backends)
         if not b.systemd.is_active(unit_name(t)):
             return {"stopped": False, "how": "was not running", "left": []}
-        b.systemd.stop(unit_name(t))  # KillMode=control-group: the stubs go with the server
-        return {"stopped": not b.systemd.is_active(unit_name(t)), "how": "systemctl stop", "left": []}
+        t0 = time.monotonic()
+        # KillMode=control-group: the stubs go with the server; the unit's TimeoutStopSec ends it
+        b.systemd.stop(unit_name(t), timeout=timeout + 2 * STOP_GRACE_S + 15)
+        rep = {"stopped": not b.systemd.is_active(unit_name(t)), "how": "systemctl stop", "left": [],
+               "seconds": round(time.monotonic() - t0, 2)}
+        return rep | _slow_stop(rep, timeout, f"journalctl -u {unit_name(t)}")
     st = _load_state(t)
     if not _alive(st):
         _reap(t)
@@ -693,7 +720,8 @@ def stop(t, backends=None, timeout: float | None = None) -> dict:
     except ProcessLookupError:
         pass
     how = "SIGTERM"
-    while _group_members(pid) and time.monotonic() - t0 < timeout + STOP_GRACE_S:
+    grace = STOP_GRACE_S if timeout > 0 else 0   # timeout 0: kill now
+    while _group_members(pid) and time.monotonic() - t0 < timeout + grace:
         _reap(t)
         time.sleep(0.05)
     left = _group_members(pid)
@@ -712,10 +740,19 @@ def stop(t, backends=None, timeout: float | None = None) -> dict:
     left = _group_members(pid)
     _clear_state(t)
     rep = {"stopped": not left, "how": how, "seconds": round(time.monotonic() - t0, 2), "left": left}
-    if rep["seconds"] >= timeout > 0:
-        rep["note"] = (f"the server used its whole exit timeout ({timeout:.0f} s): a client kept an HTTP "
-                       f"connection open or a model did not unload (see {st.get('log') or 'its log'})")
-    return rep
+    return rep | _slow_stop(rep, timeout, st.get("log") or "its log")
+
+
+def _slow_stop(rep: dict, timeout: float, log: str) -> dict:
+    """A note when the server did not end before its own exit timeout (tritonserver waits that long
+    for open HTTP connections and for models to unload)."""
+    if timeout <= 0 or rep["seconds"] < timeout:
+        return {}
+    if rep["how"].startswith("SIGKILL"):
+        return {"note": f"the server did not end within its exit timeout ({timeout:.0f} s) and "
+                        f"{STOP_GRACE_S} s more, and was killed (see {log})"}
+    return {"note": f"the server used its whole exit timeout ({timeout:.0f} s): a client kept an HTTP "
+                    f"connection open or a model did not unload (see {log})"}
 
 
 def _clear_state(t) -> None:

@@ -140,22 +140,25 @@ def configs(model, grid: Grid, mps_available: bool) -> list[tuple[dict, str, boo
 
 # ---------------------------------------------------------------- the sweep's own server
 def _free_ports(n: int) -> list[int]:
-    """n loopback ports nothing listens on, below the kernel's ephemeral range: a port the kernel
-    handed out (bind to 0) can go to an outgoing connection before the server binds it."""
+    """n loopback ports nothing listens on, outside the kernel's ephemeral range: a port the kernel
+    hands out (bind to 0) can go to an outgoing connection before the server binds it."""
     import random
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
+            low, high = (int(x) for x in f.read().split()[:2])
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    below = range(max(1024, low - 12000), low)
+    pool = below if len(below) >= 64 else range(high + 1, min(65536, high + 12001))
     rng, ports = random.Random(), []
-    for _ in range(1000):
-        port = rng.randrange(max(1024, low - 12000), low)
+    for _ in range(1000 if len(pool) >= 64 else 0):
+        port = rng.randrange(pool.start, pool.stop)
         if port not in ports and client.port_free("127.0.0.1", port):
             ports.append(port)
             if len(ports) == n:
                 return ports
-    raise HkError(f"triton sweep: no {n} free loopback ports below {low} (the ephemeral range)")
+    raise HkError(f"triton sweep: no {n} free loopback ports outside the ephemeral range {low}-{high} "
+                  f"(net.ipv4.ip_local_port_range)")
 
 
 SWEEP_EXIT_S = 10.0

@@ -21,13 +21,16 @@ def free_ports(n: int) -> list[int]:
     ephemeral range so that no client connection takes one before the server binds it."""
     try:
         with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low = int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        low = 32768
+            low, high = (int(x) for x in f.read().split()[:2])
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    pool = range(max(1024, low - 12000), low)
+    if len(pool) < 64:   # the range starts near 1024: above it instead
+        pool = range(high + 1, min(65536, high + 12001))
     rng = random.Random()
     ports: list[int] = []
     while len(ports) < n:
-        port = rng.randrange(max(1024, low - 12000), low)
+        port = rng.randrange(pool.start, pool.stop)
         if port in ports:
             continue
         s = socket.socket()

@@ -20,10 +20,12 @@ from hkgpu_tune.triton import launch
 from .conftest import DATA, dump, free_ports, profile_dict
 
 
-def section(tmp_path, ports, stop_timeout_s=1):
+def section(tmp_path, ports, stop_timeout_s=1, extra_args=()):
     doc = profile_dict(tmp_path, ports)
     doc["triton"]["supervisor"] = "process"
     doc["triton"]["gate"]["stop_timeout_s"] = stop_timeout_s
+    if extra_args:
+        doc["triton"]["extra_args"] = list(extra_args)
     return parse_profile_text(dump(doc), str(tmp_path / "p.yaml")).section("triton")
 
 
@@ -32,11 +34,21 @@ def spawn(t, *argv) -> int:
 
 
 @pytest.fixture
-def stopped(request):
+def stopped():
     made = []
     yield made
     for t in made:
-        launch.stop(t, timeout=0)
+        launch.stop(t, timeout=0)   # no grace: killed at once
+
+
+def spawn_slow_exit(t, exit_s: str) -> int:
+    """slow_exit.py, once its SIGTERM handler is in place (it prints "ready" then)."""
+    pid = spawn(t, os.path.join(DATA, "slow_exit.py"), exit_s)
+    deadline = time.monotonic() + 30
+    while "ready" not in open(os.path.join(t.run_dir, "tritonserver.log")).read():
+        assert time.monotonic() < deadline, "slow_exit.py did not start in 30 s"
+        time.sleep(0.05)
+    return pid
 
 
 def metrics_answer(port) -> int:
@@ -60,32 +72,40 @@ def test_a_metrics_endpoint_that_never_answers_is_named(tmp_path, stopped):
     spawn(t, os.path.join(DATA, "fake_endpoints.py"), *map(str, ports), "-1")
     stopped.append(t)
     with pytest.raises(HkError) as e:
-        launch.wait_ready(t, timeout=1.5)
-    assert str(e.value).startswith(f"triton: not ready after 2 s (the metrics (127.0.0.1:{ports[2]}) "
+        launch.wait_ready(t, timeout=5)
+    assert str(e.value).startswith(f"triton: not ready after 5 s (the metrics (127.0.0.1:{ports[2]}) "
                                    f"endpoint not answering)"), str(e.value)
 
 
-def test_a_server_using_its_whole_exit_timeout_is_not_killed(tmp_path, monkeypatch):
+def test_an_endpoint_switched_off_in_extra_args_is_not_waited_for(tmp_path, stopped):
+    ports = free_ports(3)
+    t = section(tmp_path, ports, extra_args=("--allow-metrics=true", "--allow-metrics=False"))
+    spawn(t, os.path.join(DATA, "fake_endpoints.py"), *map(str, ports), "-1")
+    stopped.append(t)
+    assert launch.wait_ready(t, timeout=20) < 10
+
+
+def test_a_server_using_its_whole_exit_timeout_is_not_killed(tmp_path, monkeypatch, stopped):
     """tritonserver waits --exit-timeout-secs for a hung unload, then ends itself: the SIGKILL must
     not race it."""
     monkeypatch.setattr(launch, "STOP_GRACE_S", 2)
     t = section(tmp_path, free_ports(3), stop_timeout_s=1)
-    pid = spawn(t, os.path.join(DATA, "slow_exit.py"), "1.3")
-    time.sleep(0.5)  # its SIGTERM handler is set
+    pid = spawn_slow_exit(t, "1.3")
+    stopped.append(t)
     rep = launch.stop(t)
     assert rep["how"] == "SIGTERM" and rep["left"] == [] and rep["stopped"], rep
-    assert rep["seconds"] >= 1.2, rep
+    assert rep["seconds"] >= 1.2 and rep["note"].startswith("the server used its whole exit timeout (1 s)"), rep
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
-def test_a_server_that_never_ends_is_killed_after_the_grace(tmp_path, monkeypatch):
+def test_a_server_that_never_ends_is_killed_after_the_grace(tmp_path, monkeypatch, stopped):
     monkeypatch.setattr(launch, "STOP_GRACE_S", 1)
     t = section(tmp_path, free_ports(3), stop_timeout_s=1)
-    pid = spawn(t, os.path.join(DATA, "slow_exit.py"), "-1")
-    time.sleep(0.5)
+    pid = spawn_slow_exit(t, "-1")
+    stopped.append(t)
     rep = launch.stop(t)
     assert rep["how"] == "SIGKILL after timeout" and rep["left"] == [] and rep["stopped"], rep
-    assert 2.0 <= rep["seconds"] < 10, rep
+    assert 2.0 <= rep["seconds"] < 10 and "was killed" in rep["note"], rep
     assert not psutil.pid_exists(pid)
 
 

@@ -17,13 +17,14 @@ class FakeSystemctl:
     """`systemctl` as a swapped `cmd`: remembers which units are active, records every call."""
 
     def __init__(self, active=()):
-        self.active, self.calls = set(active), []
+        self.active, self.calls, self.timeouts = set(active), [], []
 
     def which(self, prog):
         return f"/usr/bin/{prog}"
 
     def run(self, argv, timeout=30, env=None):
         self.calls.append(argv[1:])
+        self.timeouts.append((argv[1:], timeout))
         verb, unit = argv[1], argv[-1]
         if verb == "is-active":
             return Completed(0 if unit in self.active else 3, "", "")
@@ -72,7 +73,11 @@ def test_start_under_systemd_installs_the_unit_and_enables_it(tmp_path, monkeypa
     assert unit.read_text() == launch.render_unit(t, place)
     assert checked == [launch.DEFAULT_USER]
     assert ["daemon-reload"] in cmd.calls and ["enable", "--now", "hkgpu-triton.service"] in cmd.calls
-    assert launch.stop(t, b) == {"stopped": True, "how": "systemctl stop", "left": []}
+    rep = launch.stop(t, b)
+    assert (rep["stopped"], rep["how"], rep["left"], "note" in rep) == (True, "systemctl stop", [], False), rep
+    # systemctl is given longer than the unit's TimeoutStopSec (which can be over its default 60 s)
+    stop_call = next(c for c in cmd.timeouts if c[0][0] == "stop")
+    assert stop_call[1] > t.gate.stop_timeout_s + 2 * launch.STOP_GRACE_S, stop_call
     assert launch.stop(t, b)["how"] == "was not running"
 
 
@@ -93,6 +98,54 @@ def test_unit_file_drift_and_service_down_are_fixable(tmp_path):
     unit.write_text(unit.read_text().replace("LimitMEMLOCK=infinity\n", ""))
     r = {r.key: r for r in p.verify()}["unit"]
     assert (r.status, r.current, r.reason) == (DRIFT, "differs", "the unit file is not the one the profile renders")
+
+
+def test_a_unit_whose_stop_settings_changed_is_reloaded_not_restarted(tmp_path, monkeypatch):
+    """An upgrade that changes only TimeoutStopSec or ExecStop must not restart every node's server:
+    systemd reads those at the stop, after the daemon-reload."""
+    prof, t = plugin(tmp_path, supervisor="systemd")
+    b, cmd = systemd(tmp_path, active={"hkgpu-triton.service"})
+    from hkgpu_tune.triton import render
+    render.write_repository(t)
+    launch.install_unit(t, b)
+    unit = tmp_path / "root" / "etc" / "systemd" / "system" / "hkgpu-triton.service"
+    rendered = unit.read_text()
+    restarts = []
+    monkeypatch.setattr(launch, "restart", lambda *a, **k: restarts.append(a))
+    from types import SimpleNamespace
+    from hkgpu_tune.triton import gate
+    monkeypatch.setattr(gate, "run_gate", lambda *a, **k: SimpleNamespace(passed=True, message="p99 ok", loads=[]))
+    p = Plugin(prof, b)
+    for old, new, restart in (("TimeoutStopSec=50", "TimeoutStopSec=40", False),
+                              ("LimitMEMLOCK=infinity", "LimitMEMLOCK=65536", True)):
+        assert old in rendered
+        unit.write_text(rendered.replace(old, new))
+        r = {r.key: r for r in p.verify()}["unit"]
+        assert r.status == DRIFT and ("no restart" in r.reason) == (not restart), r.reason
+        changes, _ = p.plan()
+        changes = [c for c in changes if c.key == "unit"]
+        for c in changes:
+            p.write(c.target, c.key, c.desired, c.data)
+        p.after_apply(changes)
+        assert unit.read_text() == rendered and bool(restarts) == restart, (old, restarts)
+        restarts.clear()
+    assert launch.unit_needs_restart(None, rendered)
+
+
+def test_extra_args_cannot_override_what_the_profile_sets(tmp_path):
+    import pytest
+    from hkgpu_tune.errors import ProfileError
+    for arg, key in (("--grpc-port=9001", "triton.grpc.port"), ("--exit-timeout-secs=5", "triton.gate.stop_timeout_s"),
+                     ("--model-repository=/x", "triton.model_repository")):
+        doc = profile_dict(tmp_path, free_ports(3))
+        doc["triton"]["extra_args"] = ["--log-verbose=1", arg]
+        path = tmp_path / "p.yaml"
+        path.write_text(dump(doc))
+        with pytest.raises(ProfileError) as e:
+            parse_profile_text(path.read_text(), str(path)).section("triton")
+        line = next(i for i, x in enumerate(path.read_text().splitlines(), 1) if arg in x)
+        assert str(e.value) == (f"{path}:{line}: triton.extra_args[1]: {arg.split('=')[0]} is set from the "
+                                f"profile: use {key}"), str(e.value)
 
 
 def test_systemd_asked_for_where_none_runs_is_unsupported(tmp_path):

@@ -20,6 +20,21 @@ def test_ports_are_free_and_below_the_ephemeral_range():
                 s.close()
 
 
+def test_a_range_that_starts_at_1024_gives_ports_above_it(monkeypatch):
+    """ip_local_port_range "1024 40000" (a common tuning) leaves nothing below: ports above 40000."""
+    import builtins
+    real = builtins.open
+
+    def fake_open(path, *a, **k):
+        if path == "/proc/sys/net/ipv4/ip_local_port_range":
+            import io
+            return io.StringIO("1024\t40000\n")
+        return real(path, *a, **k)
+    monkeypatch.setattr(builtins, "open", fake_open)
+    ports = sweep._free_ports(3)
+    assert all(40000 < p < 52001 for p in ports), ports
+
+
 def test_a_port_in_use_is_not_handed_out(monkeypatch):
     """A listener already on the first pick (a port below the range): the sweep takes the next."""
     import random

@@ -15,5 +15,6 @@ def on_term(*_):
 
 
 signal.signal(signal.SIGTERM, on_term)
+print("ready", flush=True)   # the handler is in place
 while True:
     time.sleep(0.05)
