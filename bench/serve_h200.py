@@ -112,12 +112,8 @@ class GpuSampler:
 
 
 def free_port() -> int:
-    import socket
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
+    from hkgpu_tune.triton import client
+    return client.free_ports(1)[0]
 
 
 # ---------------------------------------------------------------- limit

@@ -27,14 +27,8 @@ MODEL_PY = os.path.join(os.path.dirname(__file__), "..", "tests", "triton", "dat
 
 
 def free_ports(n):
-    import socket
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+    from hkgpu_tune.triton import client
+    return client.free_ports(n)
 
 
 def profile(root, delay_us):

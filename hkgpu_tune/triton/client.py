@@ -196,6 +196,29 @@ def metrics_answer(host: str, port: int) -> dict:
     return {"ok": True, "status": "answering", "reason": f"{len(text.splitlines())} lines"}
 
 
+def free_ports(n: int, address: str = "127.0.0.1") -> list[int]:
+    """n ports on `address` nothing listens on, outside the kernel's ephemeral range: a port the kernel
+    hands out (bind to 0) can go to an outgoing connection before the server binds it."""
+    import random
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = (int(x) for x in f.read().split()[:2])
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    pool = range(max(1024, low - 12000), low)
+    if len(pool) < 64:   # the range starts near 1024: above it instead
+        pool = range(high + 1, min(65536, high + 12001))
+    rng, ports = random.Random(), []
+    for _ in range(1000 if len(pool) >= 64 else 0):
+        port = rng.randrange(pool.start, pool.stop)
+        if port not in ports and port_free(address, port):
+            ports.append(port)
+            if len(ports) == n:
+                return ports
+    raise HkError(f"no {n} free ports on {address} outside the ephemeral range {low}-{high} "
+                  f"(net.ipv4.ip_local_port_range)")
+
+
 def port_free(address: str, port: int) -> bool:
     """Whether a listener could bind address:port now (what tritonserver will try)."""
     fam = socket.AF_INET6 if ":" in address else socket.AF_INET

@@ -139,35 +139,13 @@ def configs(model, grid: Grid, mps_available: bool) -> list[tuple[dict, str, boo
 
 
 # ---------------------------------------------------------------- the sweep's own server
-def _free_ports(n: int) -> list[int]:
-    """n loopback ports nothing listens on, outside the kernel's ephemeral range: a port the kernel
-    hands out (bind to 0) can go to an outgoing connection before the server binds it."""
-    import random
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low, high = (int(x) for x in f.read().split()[:2])
-    except (OSError, ValueError):
-        low, high = 32768, 60999
-    below = range(max(1024, low - 12000), low)
-    pool = below if len(below) >= 64 else range(high + 1, min(65536, high + 12001))
-    rng, ports = random.Random(), []
-    for _ in range(1000 if len(pool) >= 64 else 0):
-        port = rng.randrange(pool.start, pool.stop)
-        if port not in ports and client.port_free("127.0.0.1", port):
-            ports.append(port)
-            if len(ports) == n:
-                return ports
-    raise HkError(f"triton sweep: no {n} free loopback ports outside the ephemeral range {low}-{high} "
-                  f"(net.ipv4.ip_local_port_range)")
-
-
 SWEEP_EXIT_S = 10.0
 
 
 def sweep_section(t, workdir: str, mps: bool):
     """The profile's triton section, moved to free loopback ports and a repository of its own."""
     from ..subsystems.triton import Endpoint
-    http, grpc, metrics = _free_ports(3)
+    http, grpc, metrics = client.free_ports(3)
     kw = dict(http=Endpoint(http), grpc=Endpoint(grpc), metrics=Endpoint(metrics),
               model_repository=os.path.join(workdir, "models"), run_dir=os.path.join(workdir, "run"),
               supervisor="process", launch="binary", unit=f"{t.unit}-sweep",

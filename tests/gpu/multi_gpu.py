@@ -167,16 +167,8 @@ def topo(out: str) -> int:
 
 # ------------------------------------------------------------------ profile of this host
 def free_ports(n: int) -> list[int]:
-    import socket
-    ports = []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind(("127.0.0.1", 0))
-        ports.append(s)
-    nums = [s.getsockname()[1] for s in ports]
-    for s in ports:
-        s.close()
-    return nums
+    from hkgpu_tune.triton import client
+    return client.free_ports(n)
 
 
 def profile_doc(gpus: list[dict], place: dict[int, dict], ports=(8000, 8001, 8002)) -> tuple[dict, list[str]]:

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import random
-import socket
 
 import pytest
 import yaml
@@ -17,31 +15,9 @@ needs_server = pytest.mark.skipif(not HAVE_PYTRITON, reason="needs the nvidia-py
 
 
 def free_ports(n: int) -> list[int]:
-    """n distinct ports on 127.0.0.1 that nothing listens on now, picked below the kernel's
-    ephemeral range so that no client connection takes one before the server binds it."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            low, high = (int(x) for x in f.read().split()[:2])
-    except (OSError, ValueError):
-        low, high = 32768, 60999
-    pool = range(max(1024, low - 12000), low)
-    if len(pool) < 64:   # the range starts near 1024: above it instead
-        pool = range(high + 1, min(65536, high + 12001))
-    rng = random.Random()
-    ports: list[int] = []
-    while len(ports) < n:
-        port = rng.randrange(pool.start, pool.stop)
-        if port in ports:
-            continue
-        s = socket.socket()
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        finally:
-            s.close()
-        ports.append(port)
-    return ports
+    """n free loopback ports outside the kernel's ephemeral range (client.free_ports)."""
+    from hkgpu_tune.triton import client
+    return client.free_ports(n)
 
 
 def profile_dict(root, ports, *, delay_us=20000, p99_ms=2000, requests=64, concurrency=8) -> dict:

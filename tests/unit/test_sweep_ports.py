@@ -1,16 +1,17 @@
-"""The sweep's own server gets loopback ports below the kernel's ephemeral range (a port handed out
-by bind(0) can be taken by an outgoing connection before tritonserver binds it), free now, and a
-short exit timeout (a config that failed to load keeps tritonserver waiting its whole exit timeout)."""
+"""Servers the toolkit starts itself (the sweep's, the tests', the benches') get loopback ports outside
+the kernel's ephemeral range (a port handed out by bind(0) can be taken by an outgoing connection
+before tritonserver binds it), free now; the sweep's server a short exit timeout (a config that failed
+to load keeps tritonserver waiting its whole exit timeout)."""
 import socket
 
-from hkgpu_tune.triton import sweep
+from hkgpu_tune.triton import client, sweep
 
 
 def test_ports_are_free_and_below_the_ephemeral_range():
     with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
         low = int(f.read().split()[0])
     for _ in range(20):
-        ports = sweep._free_ports(3)
+        ports = client.free_ports(3)
         assert len(set(ports)) == 3 and all(1024 <= p < low for p in ports), (ports, low)
         for p in ports:   # nothing listens there: a connection is refused
             s = socket.socket()
@@ -31,7 +32,7 @@ def test_a_range_that_starts_at_1024_gives_ports_above_it(monkeypatch):
             return io.StringIO("1024\t40000\n")
         return real(path, *a, **k)
     monkeypatch.setattr(builtins, "open", fake_open)
-    ports = sweep._free_ports(3)
+    ports = client.free_ports(3)
     assert all(40000 < p < 52001 for p in ports), ports
 
 
@@ -55,7 +56,7 @@ def test_a_port_in_use_is_not_handed_out(monkeypatch):
             return next(picks)
     monkeypatch.setattr(random, "Random", Pick)
     try:
-        assert sweep._free_ports(1) == [busy - 300]
+        assert client.free_ports(1) == [busy - 300]
     finally:
         taken.close()
 

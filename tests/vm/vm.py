@@ -11,7 +11,6 @@ import fcntl
 import hashlib
 import os
 import shutil
-import socket
 import struct
 import subprocess
 import time
@@ -50,9 +49,8 @@ def image_dir(cache: str) -> str:
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from hkgpu_tune.triton import client
+    return client.free_ports(1)[0]
 
 
 def tap_fds(ns: str, name: str, queues: int) -> list[int]:
