@@ -549,58 +549,50 @@ Err* respond(Instance* inst, TRITONBACKEND_Response* resp, long long at, long lo
   return nullptr;
 }
 
+// A model's or an instance's state: started, then handed to Triton. Whatever fails (the start, or
+// Triton taking the state) leaves no state behind; Triton still calls Finalize, which finds none.
+template <typename T, typename H>
+Err* begin(H* triton, Err* (*start_fn)(H*, T*), void (*stop_fn)(T*), Err* (*set_state)(H*, void*)) {
+  T* obj = new T();
+  Err* e = start_fn(triton, obj);
+  Err* se = set_state(triton, e ? nullptr : obj);
+  if (e || se) {
+    stop_fn(obj);
+    delete obj;
+  }
+  if (e && se) TRITONSERVER_ErrorDelete(se);
+  return e ? e : se;
+}
+
+template <typename T, typename H>
+Err* end(H* triton, Err* (*get_state)(H*, void**), void (*stop_fn)(T*)) {
+  void* state;
+  if (Err* e = get_state(triton, &state)) return e;
+  if (T* obj = static_cast<T*>(state)) {
+    stop_fn(obj);
+    delete obj;
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 extern "C" {
 
 __attribute__((visibility("default"))) Err* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* triton) {
-  Model* m = new Model();
-  Err* e = model_start(triton, m);
-  if (e) {  // as for instances: leave no state behind
-    model_stop(m);
-    delete m;
-    m = nullptr;
-  }
-  Err* se = TRITONBACKEND_ModelSetState(triton, m);
-  if (se && e) TRITONSERVER_ErrorDelete(se);
-  return e ? e : se;
+  return begin<Model>(triton, model_start, model_stop, TRITONBACKEND_ModelSetState);
 }
 
 __attribute__((visibility("default"))) Err* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* triton) {
-  void* state;
-  Err* e = TRITONBACKEND_ModelState(triton, &state);
-  if (e) return e;
-  Model* m = static_cast<Model*>(state);
-  if (m) {
-    model_stop(m);
-    delete m;
-  }
-  return nullptr;
+  return end<Model>(triton, TRITONBACKEND_ModelState, model_stop);
 }
 
 __attribute__((visibility("default"))) Err* TRITONBACKEND_ModelInstanceInitialize(TRITONBACKEND_ModelInstance* triton) {
-  Instance* inst = new Instance();
-  Err* e = start(triton, inst);
-  if (e) {  // Triton still calls Finalize: it finds no state
-    stop(inst);
-    delete inst;
-    inst = nullptr;
-  }
-  Err* se = TRITONBACKEND_ModelInstanceSetState(triton, inst);
-  if (se && e) TRITONSERVER_ErrorDelete(se);
-  return e ? e : se;
+  return begin<Instance>(triton, start, stop, TRITONBACKEND_ModelInstanceSetState);
 }
 
 __attribute__((visibility("default"))) Err* TRITONBACKEND_ModelInstanceFinalize(TRITONBACKEND_ModelInstance* triton) {
-  void* state;
-  Err* e = TRITONBACKEND_ModelInstanceState(triton, &state);
-  if (e) return e;
-  Instance* inst = static_cast<Instance*>(state);
-  if (inst) {
-    stop(inst);
-    delete inst;
-  }
-  return nullptr;
+  return end<Instance>(triton, TRITONBACKEND_ModelInstanceState, stop);
 }
 
 __attribute__((visibility("default"))) Err* TRITONBACKEND_ModelInstanceExecute(
