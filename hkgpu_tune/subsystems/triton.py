@@ -37,7 +37,7 @@ SIZE_RE = r"[0-9]+[kKmMgG]?"
 PROFILE_OPTIONS = {"--model-repository": "model_repository", "--http-port": "http.port", "--grpc-port": "grpc.port",
                    "--metrics-port": "metrics.port", "--http-address": "http.address",
                    "--grpc-address": "grpc.address", "--metrics-address": "metrics.address",
-                   "--exit-timeout-secs": "gate.stop_timeout_s", "--model-control-mode": "models (explicit control)",
+                   "--exit-timeout-secs": "gate.stop_timeout_s", "--model-control-mode": "models",
                    "--load-model": "models"}
 
 
@@ -380,9 +380,9 @@ def parse_profile(node) -> Triton:
         args = []
         for i in m["extra_args"].items():
             arg = i.string(r"--[a-z][a-z0-9-]*(=.*)?", "a tritonserver option like --log-verbose=1")
-            if arg.split("=", 1)[0] in PROFILE_OPTIONS:
-                raise i.error(f"{arg.split('=', 1)[0]} is set from the profile: use "
-                              f"triton.{PROFILE_OPTIONS[arg.split('=', 1)[0]]}")
+            option = arg.partition("=")[0]
+            if option in PROFILE_OPTIONS:
+                raise i.error(f"{option} is set from the profile: use triton.{PROFILE_OPTIONS[option]}")
             args.append(arg)
         kw["extra_args"] = tuple(args)
     models, seen = [], {}

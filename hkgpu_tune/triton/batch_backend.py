@@ -27,17 +27,19 @@ PREBUILT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_build", LI
 FLAGS = ["-O2", "-std=c++17", "-shared", "-fPIC", "-fvisibility=hidden", "-static-libstdc++", "-static-libgcc"]
 
 
-def source_sha() -> str:
-    with open(SOURCE, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
-
-
 def _file_sha(path: str) -> str | None:
     try:
         with open(path, "rb") as f:
             return hashlib.sha256(f.read()).hexdigest()
     except OSError:
         return None
+
+
+def source_sha() -> str:
+    sha = _file_sha(SOURCE)
+    if sha is None:
+        raise HkError(f"triton: the hkbatch source {SOURCE} cannot be read")
+    return sha
 
 
 @functools.lru_cache(maxsize=None)

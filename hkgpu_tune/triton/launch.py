@@ -30,9 +30,9 @@ PID_FILE = "tritonserver.json"
 LOG_FILE = "tritonserver.log"
 CONTAINER_REPO = "/models"
 CONTROL_MODE = "explicit"
+STOP_GRACE_S = 10  # past the server's own exit timeout before it is killed
 # latency summaries for p50/p95/p99 (nv_inference_request_summary_us{quantile}) next to the default
 # counters and nv_inference_pending_request_count; monitoring/ alerts on these (docs/monitoring.md)
-STOP_GRACE_S = 10  # past the server's own exit timeout before it is killed
 METRICS_CONFIG = ("--metrics-config=summary_latencies=true",
                   "--metrics-config=summary_quantiles=0.5:0.05,0.95:0.01,0.99:0.001")
 
@@ -238,9 +238,15 @@ def render_unit(t, place: dict | None = None) -> str:
     if place.get("mems"):
         lines += ["NUMAPolicy=bind", f"NUMAMask={cpu_list(place['mems'])}"]
     lines += [f"# placement: {place.get('source', '')}",
-              "Restart=on-failure", "RestartSec=5", f"TimeoutStopSec={int(t.gate.stop_timeout_s) + 2 * STOP_GRACE_S}",
+              "Restart=on-failure", "RestartSec=5", f"TimeoutStopSec={unit_stop_s(t.gate.stop_timeout_s)}",
               "KillMode=control-group", "", "[Install]", "WantedBy=multi-user.target", ""]
     return "\n".join(lines)
+
+
+def unit_stop_s(exit_timeout: float) -> int:
+    """The unit's TimeoutStopSec: past the server's exit timeout and past a container runtime's
+    `stop --time` (itself STOP_GRACE_S past it)."""
+    return int(exit_timeout) + 2 * STOP_GRACE_S
 
 
 def unit_name(t) -> str:
@@ -655,12 +661,10 @@ def endpoints_down(t) -> list[str]:
         except OSError:
             down.append(f"grpc ({t.grpc.host}:{t.grpc.port})")
     if _allowed(t, "metrics"):
-        m = client.Client(t.metrics.host, t.metrics.port, timeout=2)
         try:
-            if not m._ok("/metrics"):
-                down.append(f"metrics ({t.metrics.host}:{t.metrics.port})")
-        finally:
-            m.close()
+            client.metrics_text(t.metrics.host, t.metrics.port, timeout=2)
+        except HkError:
+            down.append(f"metrics ({t.metrics.host}:{t.metrics.port})")
     return down
 
 
@@ -690,9 +694,8 @@ def stop(t, backends=None, timeout: float | None = None) -> dict:
     """Stop the service; in process form SIGTERM the whole process group (server and backend stubs),
     poll until none is left, SIGKILL what remains after the timeout. Returns what happened.
 
-    `timeout` is the server's own --exit-timeout-secs: tritonserver waits that long for a model's
-    unload (a Python-backend unload can hang until then) and then ends itself, so the SIGKILL comes
-    STOP_GRACE_S later, as systemd's TimeoutStopSec does."""
+    `timeout` is the server's own --exit-timeout-secs: tritonserver waits that long for open HTTP
+    connections to close and models to unload, then ends itself; the SIGKILL comes STOP_GRACE_S later."""
     timeout = ServiceRef.of(t, backends).stop_timeout_s if timeout is None else timeout
     if supervisor(t, backends) == "systemd":
         b = _b(backends)
@@ -700,7 +703,7 @@ def stop(t, backends=None, timeout: float | None = None) -> dict:
             return {"stopped": False, "how": "was not running", "left": []}
         t0 = time.monotonic()
         # KillMode=control-group: the stubs go with the server; the unit's TimeoutStopSec ends it
-        b.systemd.stop(unit_name(t), timeout=timeout + 2 * STOP_GRACE_S + 15)
+        b.systemd.stop(unit_name(t), timeout=unit_stop_s(timeout) + 15)   # systemd's own kill ends it before
         rep = {"stopped": not b.systemd.is_active(unit_name(t)), "how": "systemctl stop", "left": [],
                "seconds": round(time.monotonic() - t0, 2)}
         return rep | _slow_stop(rep, timeout, f"journalctl -u {unit_name(t)}")

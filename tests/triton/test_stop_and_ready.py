@@ -85,28 +85,22 @@ def test_an_endpoint_switched_off_in_extra_args_is_not_waited_for(tmp_path, stop
     assert launch.wait_ready(t, timeout=20) < 10
 
 
-def test_a_server_using_its_whole_exit_timeout_is_not_killed(tmp_path, monkeypatch, stopped):
-    """tritonserver waits --exit-timeout-secs for a hung unload, then ends itself: the SIGKILL must
-    not race it."""
-    monkeypatch.setattr(launch, "STOP_GRACE_S", 2)
+@pytest.mark.parametrize("exit_s, grace, how, seconds, note", [
+    # tritonserver ends itself at its exit timeout (open connections, a hung unload): not killed
+    ("1.3", 2, "SIGTERM", (1.2, 3.0), "the server used its whole exit timeout (1 s)"),
+    # a server that never ends: killed after the exit timeout and the grace
+    ("-1", 1, "SIGKILL after timeout", (2.0, 10), "the server did not end within its exit timeout (1 s)"),
+])
+def test_the_kill_comes_only_after_the_servers_exit_timeout_and_the_grace(tmp_path, monkeypatch, stopped, exit_s,
+                                                                            grace, how, seconds, note):
+    monkeypatch.setattr(launch, "STOP_GRACE_S", grace)
     t = section(tmp_path, free_ports(3), stop_timeout_s=1)
-    pid = spawn_slow_exit(t, "1.3")
+    pid = spawn_slow_exit(t, exit_s)
     stopped.append(t)
     rep = launch.stop(t)
-    assert rep["how"] == "SIGTERM" and rep["left"] == [] and rep["stopped"], rep
-    assert rep["seconds"] >= 1.2 and rep["note"].startswith("the server used its whole exit timeout (1 s)"), rep
+    assert rep["how"] == how and rep["left"] == [] and rep["stopped"], rep
+    assert seconds[0] <= rep["seconds"] < seconds[1] and rep["note"].startswith(note), rep
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-
-
-def test_a_server_that_never_ends_is_killed_after_the_grace(tmp_path, monkeypatch, stopped):
-    monkeypatch.setattr(launch, "STOP_GRACE_S", 1)
-    t = section(tmp_path, free_ports(3), stop_timeout_s=1)
-    pid = spawn_slow_exit(t, "-1")
-    stopped.append(t)
-    rep = launch.stop(t)
-    assert rep["how"] == "SIGKILL after timeout" and rep["left"] == [] and rep["stopped"], rep
-    assert 2.0 <= rep["seconds"] < 10 and "was killed" in rep["note"], rep
-    assert not psutil.pid_exists(pid)
 
 
 def test_the_unit_outlasts_the_servers_exit_timeout(tmp_path):
