@@ -297,6 +297,8 @@ def _model(item, base: str, container: bool = False) -> Model:
         backend, backend_why = choose_backend(build, container)
         why = f"{why}; served by {backend}: {backend_why}"
         config = _torch_config(config, build, backend)
+    if engine == "tensorrt":
+        _check_plan_io(config, nodes, build, item)
     model_file = TORCH_MODEL if engine == "torch" else None
     if "model_file" in m:
         model_file = _path(m["model_file"], base)
@@ -311,6 +313,23 @@ def _model(item, base: str, container: bool = False) -> Model:
         raise item.error(f"platform {backend}: give 'model_file' (the model to serve) or 'build' (an ONNX to build)")
     return Model(name, config, model_file, build, m["version"].integer(1, 1 << 30) if "version" in m else 1,
                  item.line, engine, why, nodes, item)
+
+
+def _check_plan_io(config: dict, nodes: dict, build: Build, item) -> None:
+    """Each input/output type must be one a TensorRT plan binding can have (the build asks trtexec
+    for it): refused at its data_type's line otherwise."""
+    from ..triton.tensorrt import io_problem
+    for key in ("input", "output"):
+        for i, tensor in enumerate(config.get(key, [])):
+            why = io_problem(tensor, build)
+            if why:
+                node = item
+                try:
+                    node = nodes[(key,)].items()[i]
+                    node = node.mapping().get("data_type", node)
+                except (KeyError, IndexError, AttributeError):
+                    pass
+                raise node.error(f"{key} {tensor.get('name')!r}: {why}")
 
 
 def _gate(n) -> Gate:
@@ -462,7 +481,7 @@ class Plugin(Subsystem):
     def read(self) -> dict:
         from ..triton import client, launch, render
         t = self.t
-        state = {"repository": render.repository_state(t), "service": launch.status(t, self.b),
+        state = {"repository": render.repository_state(t, self.b), "service": launch.status(t, self.b),
                  "engines": {m.name: engine_facts(m) for m in t.models if m.engine},
                  "ref": self._ref()}
         if state["ref"]["supervisor"] == "systemd":

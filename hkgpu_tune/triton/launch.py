@@ -520,7 +520,7 @@ def start(t, backends=None, place: dict | None = None) -> dict:
         server_binary(t)
         prepare_backends(t)
     _check_repository(t)
-    render.repository_state(t)  # re-checks config.pbtxt against the schema
+    render.repository_state(t, backends)  # re-checks config.pbtxt against the schema
     place = place if place is not None else placement(t, backends)
     sup = supervisor(t, backends)
     user = t.user or (DEFAULT_USER if sup == "systemd" else None)
