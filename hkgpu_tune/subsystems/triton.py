@@ -7,7 +7,7 @@ Profile (every key but models optional; addresses default to loopback)::
       launch: binary              # binary | container
       model_repository: /var/lib/hkgpu-triton/models
       user: triton-server         # never root
-      gpu: 0
+      gpu: 0                      # or a set: [4, 5, 6, 7] (one service per GPU or per set)
       http: {port: 8000, address: 127.0.0.1}
       models:
         - name: doubler
@@ -133,7 +133,8 @@ class Triton:
     run_dir: str = "/run/hkgpu-tune/triton"
     unit: str = "hkgpu-triton"
     user: str | None = None
-    gpu: int | None = 0
+    gpu: int | None = 0                    # the first GPU of gpus (placement, MPS, the plan's key)
+    gpus: tuple[int, ...] | None = (0,)    # the GPUs the server sees (None: all), by NVML index
     http: Endpoint = Endpoint(8000)
     grpc: Endpoint = Endpoint(8001)
     metrics: Endpoint = Endpoint(8002)
@@ -269,7 +270,43 @@ def _torch_config(config: dict, b: Build, backend: str) -> dict:
     return out
 
 
-def _model(item, base: str, container: bool = False) -> Model:
+def _gpu_set(n) -> tuple[int, ...] | None:
+    """gpu: 3 | [4, 5] | null (every GPU), as NVML (and nvidia-smi) number them."""
+    if n.is_null():
+        return None
+    import yaml
+    if isinstance(n.node, yaml.SequenceNode):
+        ids = tuple(i.integer(0, 63) for i in n.items())
+        if not ids or len(set(ids)) != len(ids):
+            raise n.error("expected a GPU index or a list of distinct GPU indices")
+        return ids
+    return (n.integer(0, 63),)
+
+
+def _remap_gpus(config: dict, nodes: dict, visible, item) -> None:
+    """instance_group gpus name GPUs as NVML numbers them; the server sees only `visible`
+    (CUDA_VISIBLE_DEVICES, or the container's --gpus), renumbered from 0: the config gets the
+    numbers the server sees. A GPU outside the set is refused at its line."""
+    if visible is None:
+        return
+    for gi, group in enumerate(config.get("instance_group", [])):
+        if "gpus" not in group:
+            continue
+        mapped = []
+        for j, g in enumerate(group["gpus"]):
+            if int(g) not in visible:
+                node = item
+                try:
+                    node = nodes[("instance_group",)].items()[gi].mapping()["gpus"].items()[j]
+                except (KeyError, IndexError, AttributeError):
+                    pass
+                raise node.error(f"GPU {g} is not one this server sees (triton.gpu: "
+                                 f"{list(visible) if len(visible) > 1 else visible[0]})")
+            mapped.append(visible.index(int(g)))
+        group["gpus"] = mapped
+
+
+def _model(item, base: str, container: bool = False, visible=(0,)) -> Model:
     m = item.mapping(MODEL_KEYS, required=("name",))
     name = m["name"].string(NAME_RE, "a model name (letters, digits, '_', '.', '-')")
     if ("platform" in m) == ("backend" in m):
@@ -287,6 +324,7 @@ def _model(item, base: str, container: bool = False) -> Model:
                 raise node.error(f"'{key}' is set twice (also outside config:)")
             config[key] = _plain(node, key)
             nodes[(key,)] = node
+    _remap_gpus(config, nodes, visible, item)
     build = _build(m["build"], base) if "build" in m else None
     engine, why = choose_engine(build, _trtexec()) if build else ("", "")
     if engine == "torch":
@@ -380,7 +418,8 @@ def parse_profile(node) -> Triton:
         if kw["user"] == "root":
             raise m["user"].error("the service must not run as root; name an unprivileged user")
     if "gpu" in m:
-        kw["gpu"] = None if m["gpu"].is_null() else m["gpu"].integer(0, 63)
+        kw["gpus"] = _gpu_set(m["gpu"])
+        kw["gpu"] = kw["gpus"][0] if kw["gpus"] else None
     ports = {"http": 8000, "grpc": 8001, "metrics": 8002}
     for key, port in ports.items():
         if key in m:
@@ -406,7 +445,7 @@ def parse_profile(node) -> Triton:
         kw["extra_args"] = tuple(args)
     models, seen = [], {}
     for item in m["models"].items():
-        mod = _model(item, base, container=kw.get("launch") == "container")
+        mod = _model(item, base, container=kw.get("launch") == "container", visible=kw.get("gpus", (0,)))
         if mod.name in seen:
             raise item.error(f"model {mod.name!r} is defined twice (first at line {seen[mod.name]})")
         seen[mod.name] = item.line

@@ -103,9 +103,19 @@ def server_env(t) -> dict[str, str]:
         from . import batch_backend
         for k, v in batch_backend.server_env().items():
             env[k] = ":".join(dict.fromkeys([*env[k].split(":"), *v.split(":")])) if k == "PYTHONPATH" and k in env else v
-    if t.gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(t.gpu)
+    if visible_gpus(t):   # NVML's numbering (PCI bus order), which the profile uses
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_VISIBLE_DEVICES"] = visible_gpus(t)
     return env | mps_env(t)
+
+
+def visible_gpus(t) -> str:
+    """The GPUs the server sees, '4,5,6,7' ('' for all); inside, they are 0..n-1 and the rendered
+    configs use those numbers (subsystems.triton._remap_gpus)."""
+    gpus = getattr(t, "gpus", None)
+    if gpus is None:
+        gpus = () if t.gpu is None else (t.gpu,)
+    return ",".join(str(g) for g in gpus)
 
 
 def mps_env(t) -> dict[str, str]:
@@ -167,8 +177,9 @@ def container_argv(t, place: dict, detach: bool = False) -> list[str]:
     argv = [t.runtime, "run", "--rm", "--name", t.unit]
     if detach:
         argv.append("--detach")
-    if t.gpu is not None:
-        argv += ["--gpus", f"device={t.gpu}"]
+    if visible_gpus(t):   # docker's form for a set: --gpus '"device=2,3"'
+        devs = visible_gpus(t)
+        argv += ["--gpus", f"device={devs}" if "," not in devs else f'"device={devs}"']
     argv += ["--network", "host", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
              "--shm-size", t.shm_size]
     if place.get("cpus"):
