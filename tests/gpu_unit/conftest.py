@@ -115,6 +115,13 @@ class FakeMps:
     def stop(self, pipe_dir):
         self.running = False
 
+    def daemon(self, pipe_dir):
+        """What the daemon this fake started runs with (None: not started here)."""
+        if not self.running or not self.starts:
+            return None
+        _, log, gpus, user = self.starts[-1]
+        return {"pid": 100, "user": user, "gpus": None if gpus is None else ",".join(map(str, gpus)), "log_dir": log}
+
 
 def materialize(tree: dict, root) -> str:
     for path, text in tree["files"].items():
