@@ -225,12 +225,16 @@ def _build(n, base: str) -> Build:
 TORCH_MODEL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "triton", "torch_model.py")
 
 
-def choose_engine(build: Build, trtexec: str | None) -> tuple[str, str]:
-    """(tensorrt | torch, why): TensorRT where it exists and an ONNX is given, else torch."""
+def choose_engine(build: Build, trtexec: str | None, container: bool = False) -> tuple[str, str]:
+    """(tensorrt | torch, why): TensorRT where it exists and an ONNX is given, else torch (a stand-in
+    for where TensorRT is absent). The container form runs NVIDIA's image, whose TensorRT builds and
+    serves the plan: native first."""
     if build.engine == "tensorrt":
         return "tensorrt", "asked for (engine: tensorrt)"
     if build.engine == "torch":
         return "torch", "asked for (engine: torch)"
+    if build.onnx and container:
+        return "tensorrt", "the container form: the image's trtexec builds the plan its TensorRT backend serves"
     if build.onnx and trtexec:
         return "tensorrt", f"trtexec found at {trtexec}"
     if build.torchvision:
@@ -326,7 +330,7 @@ def _model(item, base: str, container: bool = False, visible=(0,)) -> Model:
             nodes[(key,)] = node
     _remap_gpus(config, nodes, visible, item)
     build = _build(m["build"], base) if "build" in m else None
-    engine, why = choose_engine(build, _trtexec()) if build else ("", "")
+    engine, why = choose_engine(build, _trtexec(), container) if build else ("", "")
     if engine == "torch":
         if "model_file" in m:
             raise m["model_file"].error("the torch engine brings its own model.py: drop model_file or build")

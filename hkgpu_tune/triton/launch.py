@@ -530,6 +530,9 @@ def start(t, backends=None, place: dict | None = None) -> dict:
     if t.launch == "binary":
         server_binary(t)
         prepare_backends(t)
+    else:   # the image holds what each model needs: one line naming the model, before anything runs
+        from . import container
+        container.check_image(t, backends.cmd)
     _check_repository(t)
     render.repository_state(t, backends)  # re-checks config.pbtxt against the schema
     place = place if place is not None else placement(t, backends)

@@ -278,8 +278,9 @@ def model_state(t, model, backends=None) -> dict:
             out["unsupported"] = f"the hkbatch backend: {why}"
     if model.build and model.engine == "tensorrt" and have_file is None:
         from . import tensorrt
-        if tensorrt.trtexec_path() is None:
-            out["unsupported"] = tensorrt.TRTEXEC_MISSING
+        why = tensorrt.cannot_build(t)
+        if why:
+            out["unsupported"] = why
     return out
 
 

@@ -92,6 +92,17 @@ def runner(t, build, plan: str, cmd: Command | None = None) -> Trtexec:
     return host_trtexec(cmd)
 
 
+def cannot_build(t) -> str | None:
+    """Why no plan can be built for this service here (no trtexec on the host, or in the image)."""
+    if t is not None and getattr(t, "launch", "binary") == "container":
+        from . import container
+        try:
+            return None if container.facts(t)["tensorrt"] else f"image {t.image} has no trtexec"
+        except HkError as e:
+            return str(e)
+    return None if trtexec_path() else TRTEXEC_MISSING
+
+
 def gpu_name(backends, index: int | None) -> str:
     if backends is None or index is None:
         return "unknown"
