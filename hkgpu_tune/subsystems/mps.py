@@ -29,11 +29,11 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from ..backends.mps import CONTROL, SAFE_DIR_ROOTS, dir_state, ensure_dir, mps_env, safe_root, set_dir_mode
-from ..errors import HkError, UnsupportedError
-from ..report import DRIFT, ERROR, OK, UNSUPPORTED
-from .base import Subsystem
-from .gpu import parse_gpus, select
+from hkgpu_tune.backends.mps import CONTROL, SAFE_DIR_ROOTS, dir_state, ensure_dir, mps_env, safe_root, set_dir_mode
+from hkgpu_tune.core.errors import HkError, UnsupportedError
+from hkgpu_tune.core.report import DRIFT, ERROR, OK, UNSUPPORTED
+from hkgpu_tune.subsystems.base import Subsystem
+from hkgpu_tune.subsystems.gpu import parse_gpus, select
 
 SIZE_RE = r"[0-9]{1,6}[KMGT]?"
 DIR_MODES = {"pipe_dir": 0o755, "log_dir": 0o750}
@@ -178,7 +178,7 @@ class Plugin(Subsystem):
     def mps(self):
         m = self.b.__dict__.get("mps")
         if m is None:
-            from ..backends.mps import MpsControl
+            from hkgpu_tune.backends.mps import MpsControl
             m = self.b.__dict__["mps"] = MpsControl(self.b.cmd)
         return m
 
@@ -368,14 +368,14 @@ class Plugin(Subsystem):
         """The daemon stopped and started again with the profile's settings. The Triton service
         that is its client is stopped first and started (and waited for) after: its CUDA context
         belongs to the old daemon."""
-        from . import triton as triton_sub
+        from hkgpu_tune.subsystems import triton as triton_sub
         c = self.cfg
         if use_systemd is None:
             use_systemd = self.b.systemd.available()
         t = triton_sub.section(self.profile) if self.profile.section("triton") is not None else None
         client = t is not None and t.mps is not None and t.mps.pipe_dir == c.pipe_dir
         if client:
-            from ..triton import launch
+            from hkgpu_tune.serve import launch
             client = launch.status(t, self.b)["active"]
             if client:
                 launch.stop(t, self.b)

@@ -11,7 +11,7 @@ import os
 import shutil
 
 from hkgpu_tune.backends.command import Command
-from hkgpu_tune.errors import HkError, UnsupportedError
+from hkgpu_tune.core.errors import HkError, UnsupportedError
 
 BACKENDS_DIR = "/opt/tritonserver/backends"   # where NVIDIA's tritonserver images keep them
 # a model's backend or platform -> the backend directory Triton loads it from
@@ -32,7 +32,7 @@ def facts(t, cmd: Command | None = None) -> dict:
     key = (t.runtime, t.image)
     if key in _FACTS:
         return _FACTS[key]
-    from hkgpu_tune.triton.tensorrt import version_from_banner
+    from hkgpu_tune.serve.tensorrt import version_from_banner
     cmd = cmd or Command()
     r = _run(t, "ls", [BACKENDS_DIR], cmd)
     if r.rc != 0:
@@ -55,8 +55,8 @@ def forget() -> None:
 def image_trtexec(t, build, plan: str, cmd: Command | None = None):
     """trtexec in the serving image, with the ONNX, calibration and plan directories mounted at the
     same paths and the service's GPUs."""
-    from hkgpu_tune.triton import launch
-    from hkgpu_tune.triton.tensorrt import Trtexec
+    from hkgpu_tune.serve import launch
+    from hkgpu_tune.serve.tensorrt import Trtexec
     cmd = cmd or Command()
     f = facts(t, cmd)
     if not f["tensorrt"]:

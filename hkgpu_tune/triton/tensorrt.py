@@ -21,9 +21,9 @@ import shutil
 import time
 from dataclasses import dataclass
 
-from ..errors import ApplyError, HkError, UnsupportedError
-from ..fsutil import atomic_write
-from ..backends.command import Command
+from hkgpu_tune.core.errors import ApplyError, HkError, UnsupportedError
+from hkgpu_tune.core.fsutil import atomic_write
+from hkgpu_tune.backends.command import Command
 
 TRTEXEC_MISSING = "trtexec not found (TensorRT is not installed on this host); the plan cannot be built here"
 
@@ -87,7 +87,7 @@ def runner(t, build, plan: str, cmd: Command | None = None) -> Trtexec:
     """The host's trtexec, or in the container form the serving image's (the plan must be built
     by the TensorRT that loads it)."""
     if t is not None and getattr(t, "launch", "binary") == "container":
-        from . import container
+        from hkgpu_tune.serve import container
         return container.image_trtexec(t, build, plan, cmd)
     return host_trtexec(cmd)
 
@@ -95,7 +95,7 @@ def runner(t, build, plan: str, cmd: Command | None = None) -> Trtexec:
 def cannot_build(t) -> str | None:
     """Why no plan can be built for this service here (no trtexec on the host, or in the image)."""
     if t is not None and getattr(t, "launch", "binary") == "container":
-        from . import container
+        from hkgpu_tune.serve import container
         try:
             return None if container.facts(t)["tensorrt"] else f"image {t.image} has no trtexec"
         except HkError as e:
@@ -262,7 +262,7 @@ def plan_status(t, model, backends=None, cmd: Command | None = None) -> list[str
     """What makes the model's built plan stale: the key's parts that changed (ONNX or calibration
     sha256, flags, GPU, driver, TensorRT) and bindings that disagree with the config. Raises
     UnsupportedError where no trtexec can run."""
-    from .render import model_filename
+    from hkgpu_tune.serve.render import model_filename
     plan = os.path.join(t.model_repository, model.name, str(model.version), model_filename(model))
     run = runner(t, model.build, plan, cmd)
     gpu = t.gpu
@@ -315,7 +315,7 @@ def build_plan(build, plan: str, model, backends=None, cmd: Command | None = Non
 
 def build_model(t, model, backends=None, force: bool = False) -> BuildResult:
     """build_plan into the model repository; without trtexec a result that says it was skipped."""
-    from .render import model_filename
+    from hkgpu_tune.serve.render import model_filename
     plan = os.path.join(t.model_repository, model.name, str(model.version), model_filename(model))
     try:
         return build_plan(model.build, plan, model, backends, gpu=t.gpu, force=force, t=t)

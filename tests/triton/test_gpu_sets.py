@@ -11,9 +11,9 @@ import pytest
 
 from hkgpu_tune.backends import Backends
 from hkgpu_tune.backends.nvml import ReplayNvml
-from hkgpu_tune.errors import HkError
-from hkgpu_tune.profile import parse_profile_text
-from hkgpu_tune.triton import launch, render
+from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.core.profile import parse_profile_text
+from hkgpu_tune.serve import launch, render
 
 from .conftest import dump, profile_dict
 
