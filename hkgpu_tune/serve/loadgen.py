@@ -1,0 +1,300 @@
+"""A load generator that is not the bottleneck: requests of one image each, as an inference front
+end sends them, from several processes with many requests in flight (asyncio + aiohttp, keep-alive),
+binary tensors over HTTP (KServe v2 binary extension) or with the input in system shared memory.
+
+Closed loop (`concurrency` requests always in flight) or open loop (`rate` requests per second,
+latency counted from the scheduled send time, so a server that falls behind shows it).
+Reports client-side p50/p95/p99, the client's own CPU use, and Triton's queue and compute time
+per request from /metrics over the same window.
+
+>>> r = run(LoadSpec("127.0.0.1", 8000, "resnet50", "INPUT", "FP16", [1, 3, 224, 224],
+...                  concurrency=64, processes=4, duration_s=10))          # doctest: +SKIP
+>>> r["img_s"], r["p99_ms"]                                                  # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import array
+import asyncio
+import json
+import math
+import multiprocessing
+import os
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+
+from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.serve.gate import percentile   # nearest rank: the value at least q% of requests did not exceed
+
+SIZES = {"FP16": 2, "FP32": 4, "FP64": 8, "INT8": 1, "UINT8": 1, "INT16": 2, "INT32": 4, "INT64": 8,
+         "BF16": 2, "BOOL": 1}
+
+
+@dataclass
+class LoadSpec:
+    host: str
+    port: int
+    model: str
+    input_name: str
+    datatype: str
+    shape: list[int]                  # one request's shape, batch dim included (1, ...)
+    output_name: str | None = None
+    concurrency: int = 16             # closed loop: requests in flight, over all processes
+    processes: int = 2
+    duration_s: float = 10.0          # the measured window
+    warmup_s: float = 1.0             # load before the window, not counted
+    rate: float | None = None         # open loop: requests per second over all processes
+    shm: bool = False                 # the input in a system shared-memory region (Triton only)
+    raw_path: str | None = None       # a plain HTTP server: POST the raw tensor bytes to this path
+    timeout_s: float = 30.0
+    metrics_port: int | None = None   # Triton's /metrics, for queue and compute times
+    labels: dict = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * SIZES[self.datatype]
+
+
+def _infer_header(spec: LoadSpec, region: str | None) -> bytes:
+    params = ({"shared_memory_region": region, "shared_memory_byte_size": spec.nbytes} if region
+              else {"binary_data_size": spec.nbytes})
+    doc = {"inputs": [{"name": spec.input_name, "shape": spec.shape, "datatype": spec.datatype,
+                       "parameters": params}]}
+    if spec.output_name:
+        doc["outputs"] = [{"name": spec.output_name, "parameters": {"binary_data": True}}]
+    return json.dumps(doc, separators=(",", ":")).encode()
+
+
+async def _session(spec: LoadSpec, idx: int, start_at: float, region: str | None) -> dict:
+    import aiohttp
+    share = 1 / spec.processes
+    if spec.raw_path:
+        url = f"http://{spec.host}:{spec.port}{spec.raw_path}"
+        body, headers = bytes(spec.nbytes), {"Content-Type": "application/octet-stream"}
+    else:
+        url = f"http://{spec.host}:{spec.port}/v2/models/{spec.model}/infer"
+        head = _infer_header(spec, region)
+        body = head + (b"" if region else bytes(spec.nbytes))
+        headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(head))}
+    conc = max(1, round(spec.concurrency * share)) if spec.rate is None else max(1, spec.concurrency)
+    win0 = start_at + spec.warmup_s
+    win1 = win0 + spec.duration_s
+    lat = array.array("d")
+    errors = [0]
+    first_error = [""]
+    sent = [0]
+    conn = aiohttp.TCPConnector(limit=conc, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=spec.timeout_s)
+    loop = asyncio.get_running_loop()
+    clock = time.time   # the processes share one start time: wall clock, not monotonic
+
+    async def one(session, t_sched: float):
+        sent[0] += 1
+        try:
+            async with session.post(url, data=body, headers=headers) as resp:
+                await resp.read()
+                ok = resp.status == 200
+                if not ok and not first_error[0]:
+                    first_error[0] = f"HTTP {resp.status}: {(await resp.text())[:200]}"
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as e:
+            ok = False
+            if not first_error[0]:
+                first_error[0] = f"{type(e).__name__}: {e}"[:200]
+        done = clock()
+        if win0 <= done <= win1:
+            if ok:
+                lat.append((done - t_sched) * 1000)
+            else:
+                errors[0] += 1
+
+    async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
+        await asyncio.sleep(max(0.0, start_at - clock()))
+        cpu0 = time.process_time()
+        if spec.rate is None:
+            async def loop_one():
+                while clock() < win1:
+                    await one(session, clock())
+            await asyncio.gather(*(loop_one() for _ in range(conc)))
+        else:
+            interval = spec.processes / spec.rate
+            t_next = start_at + idx * interval / spec.processes
+            pending = set()
+            sem = asyncio.Semaphore(conc)
+
+            async def bounded(t_s):
+                async with sem:
+                    await one(session, t_s)
+            while t_next < win1:
+                delay = t_next - clock()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                task = loop.create_task(bounded(t_next))
+                pending.add(task)
+                task.add_done_callback(pending.discard)
+                t_next += interval
+            if pending:
+                await asyncio.wait(pending, timeout=spec.timeout_s)
+        cpu = time.process_time() - cpu0
+    return {"lat": lat.tobytes(), "errors": errors[0], "first_error": first_error[0], "sent": sent[0],
+            "cpu_s": cpu}
+
+
+def _worker(spec_d: dict, idx: int, start_at: float, region: str | None, q) -> None:
+    try:
+        try:
+            import uvloop
+            uvloop.install()
+        except ImportError:
+            pass
+        q.put((idx, asyncio.run(_session(LoadSpec(**spec_d), idx, start_at, region))))
+    except BaseException as e:  # reported by the parent as one line
+        q.put((idx, {"fatal": f"{type(e).__name__}: {e}"}))
+
+
+def _triton_stats(spec: LoadSpec) -> dict | None:
+    if not spec.metrics_port:
+        return None
+    from hkgpu_tune.serve import client
+    want = ("nv_inference_request_success", "nv_inference_count", "nv_inference_exec_count",
+            "nv_inference_queue_duration_us", "nv_inference_compute_infer_duration_us",
+            "nv_inference_compute_input_duration_us", "nv_inference_compute_output_duration_us",
+            "nv_inference_request_duration_us")
+    out = dict.fromkeys(want, 0.0)
+    gpu_util = []
+    try:
+        for (name, labels), v in client.metrics(spec.host, spec.metrics_port).items():
+            lab = dict(labels)
+            if name in out and lab.get("model") == spec.model:
+                out[name] += v
+            elif name == "nv_gpu_utilization":
+                gpu_util.append(v)
+    except HkError:
+        return None
+    out["gpu_util"] = gpu_util
+    return out
+
+
+class SharedInput:
+    """One read-only POSIX shared-memory region holding the request's tensor, registered with
+    Triton (system shared memory); unregistered and unlinked on close."""
+
+    def __init__(self, spec: LoadSpec):
+        from multiprocessing import shared_memory
+        from hkgpu_tune.serve import client
+        self.name = f"hkgpu-{uuid.uuid4().hex[:12]}"
+        self.shm = shared_memory.SharedMemory(name=self.name, create=True, size=spec.nbytes)
+        self.c = client.Client(spec.host, spec.port, timeout=10)
+        body = json.dumps({"key": "/" + self.name, "offset": 0, "byte_size": spec.nbytes}).encode()
+        status, _, text = self.c.request("POST", f"/v2/systemsharedmemory/region/{self.name}/register", body,
+                                         {"Content-Type": "application/json"})
+        if status != 200:
+            self.close(unregister=False)
+            raise HkError(f"loadgen: Triton refused the shared-memory region: {status} {text[:200]!r}")
+
+    def close(self, unregister: bool = True) -> None:
+        if unregister:
+            try:
+                self.c.request("POST", f"/v2/systemsharedmemory/region/{self.name}/unregister")
+            except HkError:
+                pass
+        self.c.close()
+        self.shm.close()
+        try:
+            self.shm.unlink()
+        except FileNotFoundError:
+            pass
+
+
+def run(spec: LoadSpec) -> dict:
+    """Run the load; returns one dict of figures (see module doc)."""
+    try:
+        import aiohttp  # noqa: F401  (checked here: the workers would fail one by one)
+    except ImportError:
+        raise HkError("loadgen: needs aiohttp (pip install 'hkgpu-tune[triton]')") from None
+    import psutil
+    if spec.datatype not in SIZES:
+        raise HkError(f"loadgen: no test data for data type {spec.datatype}")
+    region = SharedInput(spec) if spec.shm else None
+    ctx = multiprocessing.get_context("fork")   # no re-import of the caller's __main__
+    q = ctx.Queue()
+    # the workers import their modules before the common start time
+    start_at = time.time() + 0.5 + 0.05 * spec.processes
+    procs = [ctx.Process(target=_worker, args=(asdict(spec), i, start_at, region and region.name, q), daemon=True)
+             for i in range(spec.processes)]
+    try:
+        for p in procs:
+            p.start()
+        time.sleep(max(0.0, start_at + spec.warmup_s - time.time()))
+        before = _triton_stats(spec)
+        psutil.cpu_percent(None)
+        time.sleep(max(0.0, start_at + spec.warmup_s + spec.duration_s - time.time()))
+        machine_cpu = psutil.cpu_percent(None)
+        after = _triton_stats(spec)
+        parts = {}
+        deadline = time.time() + spec.timeout_s + 30
+        while len(parts) < len(procs):
+            left = deadline - time.time()
+            if left <= 0:
+                raise HkError(f"loadgen: {len(procs) - len(parts)} worker(s) did not finish")
+            try:
+                idx, res = q.get(timeout=left)
+            except Exception:
+                raise HkError(f"loadgen: {len(procs) - len(parts)} worker(s) did not finish") from None
+            parts[idx] = res
+        for p in procs:
+            p.join(5)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        if region:
+            region.close()
+    fatal = [r["fatal"] for r in parts.values() if "fatal" in r]
+    if fatal:
+        raise HkError(f"loadgen: a worker failed: {fatal[0]}")
+    lat = array.array("d")
+    for r in parts.values():
+        lat.frombytes(r["lat"])
+    vals = sorted(lat)
+    errors = sum(r["errors"] for r in parts.values())
+    cpu_s = sum(r["cpu_s"] for r in parts.values())
+    wall = spec.duration_s + spec.warmup_s
+    out = {
+        "model": spec.model, "transport": "raw-http" if spec.raw_path else ("http+shm" if spec.shm else "http-binary"),
+        "mode": "open" if spec.rate else "closed", "rate": spec.rate, "concurrency": spec.concurrency,
+        "processes": spec.processes, "duration_s": spec.duration_s, "requests": len(vals), "errors": errors,
+        "first_error": next((r["first_error"] for r in parts.values() if r["first_error"]), ""),
+        "img_s": round(len(vals) * spec.shape[0] / spec.duration_s, 1),
+        "p50_ms": round(percentile(vals, 50), 3), "p95_ms": round(percentile(vals, 95), 3),
+        "p99_ms": round(percentile(vals, 99), 3), "max_ms": round(vals[-1], 3) if vals else 0.0,
+        "client_cpu_cores": round(cpu_s / wall, 2), "machine_cpu_pct": machine_cpu,
+        "cpus": os.cpu_count(),
+        # the measured window (epoch seconds): samples taken alongside (GPU, CPU) are averaged over it
+        "window": [round(start_at + spec.warmup_s, 3), round(start_at + spec.warmup_s + spec.duration_s, 3)],
+        **spec.labels,
+    }
+    if before and after:
+        d = {k: after[k] - before[k] for k in before if k != "gpu_util"}
+        n = d["nv_inference_request_success"] or 1
+        out["server"] = {
+            "requests": d["nv_inference_request_success"],
+            "avg_batch": round(d["nv_inference_count"] / d["nv_inference_exec_count"], 2)
+            if d["nv_inference_exec_count"] else 0.0,
+            "queue_us": round(d["nv_inference_queue_duration_us"] / n, 1),
+            "compute_input_us": round(d["nv_inference_compute_input_duration_us"] / n, 1),
+            "compute_infer_us": round(d["nv_inference_compute_infer_duration_us"] / n, 1),
+            "compute_output_us": round(d["nv_inference_compute_output_duration_us"] / n, 1),
+            "request_us": round(d["nv_inference_request_duration_us"] / n, 1),
+            "gpu_util_pct": after["gpu_util"],
+        }
+    return out
+
+
+def line(r: dict) -> str:
+    s = (f"{r['img_s']:.0f} img/s, p50 {r['p50_ms']:.2f} ms, p95 {r['p95_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, "
+         f"{r['errors']} errors, client CPU {r['client_cpu_cores']:.1f} cores")
+    if "server" in r:
+        sv = r["server"]
+        s += (f"; server: batch {sv['avg_batch']}, queue {sv['queue_us'] / 1000:.2f} ms, "
+              f"compute {sv['compute_infer_us'] / 1000:.2f} ms per request")
+    return s
