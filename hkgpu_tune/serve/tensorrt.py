@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -24,6 +23,8 @@ from dataclasses import dataclass
 from hkgpu_tune.core.errors import ApplyError, HkError, UnsupportedError
 from hkgpu_tune.core.fsutil import atomic_write
 from hkgpu_tune.backends.command import Command
+from hkgpu_tune.serve.config import IO_TYPES, TRITON_TYPES, io_problem  # noqa: F401 (io_problem: re-exported)
+from hkgpu_tune.serve.container import version_from_banner
 
 TRTEXEC_MISSING = "trtexec not found (TensorRT is not installed on this host); the plan cannot be built here"
 
@@ -57,12 +58,6 @@ def trtexec_path() -> str | None:
         (p for p in ("/usr/src/tensorrt/bin/trtexec", "/opt/tensorrt/bin/trtexec") if os.access(p, os.X_OK)), None)
 
 
-def version_from_banner(text: str) -> str:
-    """'100300' from trtexec's banner '&&&& RUNNING TensorRT.trtexec [TensorRT v100300] # ...'."""
-    m = re.search(r"TensorRT v(\d+)", text)
-    return m.group(1) if m else "unknown"
-
-
 def tensorrt_version(cmd: Command, exe: str) -> str:
     r = cmd.run([exe, "--help"], timeout=60)
     return version_from_banner(r.out + r.err)
@@ -88,7 +83,7 @@ def runner(t, build, plan: str, cmd: Command | None = None) -> Trtexec:
     by the TensorRT that loads it)."""
     if t is not None and getattr(t, "launch", "binary") == "container":
         from hkgpu_tune.serve import container
-        return container.image_trtexec(t, build, plan, cmd)
+        return Trtexec(*container.image_trtexec(t, build, plan, cmd))
     return host_trtexec(cmd)
 
 
@@ -119,24 +114,6 @@ def driver_version(backends) -> str:
         return str(backends.nvml.info().get("driver_version") or "unknown")
     except HkError:
         return "unknown"
-
-
-# Triton data type -> trtexec I/O type (trtexec's help: type ::= "fp32"|"fp16"|"bf16"|"int32"|
-# "int64"|"int8"|"uint8"|"bool"|"fp8"); the format "chw" is linear, for a tensor of any rank
-IO_TYPES = {"TYPE_FP32": "fp32", "TYPE_FP16": "fp16", "TYPE_BF16": "bf16", "TYPE_INT32": "int32",
-            "TYPE_INT64": "int64", "TYPE_INT8": "int8", "TYPE_UINT8": "uint8", "TYPE_BOOL": "bool"}
-TRITON_TYPES = {v: k for k, v in IO_TYPES.items()}
-
-
-def io_problem(tensor: dict, build) -> str | None:
-    """Why a config input/output cannot be a TensorRT plan binding of this build, or None."""
-    dt = tensor.get("data_type", "")
-    if dt not in IO_TYPES:
-        return (f"{dt or 'no data_type'} cannot be a TensorRT plan's I/O type "
-                f"(one of {', '.join(t[5:] for t in IO_TYPES)})")
-    if dt == "TYPE_INT8" and not build.int8:
-        return "INT8 I/O needs an INT8 build (build.int8: true with a calibration_cache)"
-    return None
 
 
 def io_formats(tensors: list[dict]) -> str:
@@ -262,7 +239,7 @@ def plan_status(t, model, backends=None, cmd: Command | None = None) -> list[str
     """What makes the model's built plan stale: the key's parts that changed (ONNX or calibration
     sha256, flags, GPU, driver, TensorRT) and bindings that disagree with the config. Raises
     UnsupportedError where no trtexec can run."""
-    from hkgpu_tune.serve.render import model_filename
+    from hkgpu_tune.serve.config import model_filename
     plan = os.path.join(t.model_repository, model.name, str(model.version), model_filename(model))
     run = runner(t, model.build, plan, cmd)
     gpu = t.gpu
@@ -315,7 +292,7 @@ def build_plan(build, plan: str, model, backends=None, cmd: Command | None = Non
 
 def build_model(t, model, backends=None, force: bool = False) -> BuildResult:
     """build_plan into the model repository; without trtexec a result that says it was skipped."""
-    from hkgpu_tune.serve.render import model_filename
+    from hkgpu_tune.serve.config import model_filename
     plan = os.path.join(t.model_repository, model.name, str(model.version), model_filename(model))
     try:
         return build_plan(model.build, plan, model, backends, gpu=t.gpu, force=force, t=t)

@@ -8,6 +8,7 @@ TensorRT that loads it), and a model whose backend the image lacks is refused be
 from __future__ import annotations
 
 import os
+import re
 import shutil
 
 from hkgpu_tune.backends.command import Command
@@ -21,6 +22,12 @@ NEEDS = {"tensorrt_plan": "tensorrt", "tensorrt": "tensorrt", "onnxruntime_onnx"
 _FACTS: dict[tuple[str, str], dict] = {}
 
 
+def version_from_banner(text: str) -> str:
+    """'100300' from trtexec's banner '&&&& RUNNING TensorRT.trtexec [TensorRT v100300] # ...'."""
+    m = re.search(r"TensorRT v(\d+)", text)
+    return m.group(1) if m else "unknown"
+
+
 def _run(t, entrypoint: str, args: list[str], cmd: Command, timeout: float = 300):
     if shutil.which(t.runtime) is None and cmd.which(t.runtime) is None:
         raise UnsupportedError(f"container runtime {t.runtime} not found")
@@ -32,7 +39,6 @@ def facts(t, cmd: Command | None = None) -> dict:
     key = (t.runtime, t.image)
     if key in _FACTS:
         return _FACTS[key]
-    from hkgpu_tune.serve.tensorrt import version_from_banner
     cmd = cmd or Command()
     r = _run(t, "ls", [BACKENDS_DIR], cmd)
     if r.rc != 0:
@@ -54,16 +60,15 @@ def forget() -> None:
 
 def image_trtexec(t, build, plan: str, cmd: Command | None = None):
     """trtexec in the serving image, with the ONNX, calibration and plan directories mounted at the
-    same paths and the service's GPUs."""
-    from hkgpu_tune.serve import launch
-    from hkgpu_tune.serve.tensorrt import Trtexec
+    same paths and the service's GPUs: (argv up to trtexec's flags, TensorRT version, where)."""
+    from hkgpu_tune.serve.forms import visible_gpus
     cmd = cmd or Command()
     f = facts(t, cmd)
     if not f["tensorrt"]:
         raise UnsupportedError(f"image {t.image} has no trtexec: the plan cannot be built with the TensorRT "
                                f"that serves it")
     argv = [t.runtime, "run", "--rm"]
-    devs = launch.visible_gpus(t)
+    devs = visible_gpus(t)
     if devs:
         argv += ["--gpus", f"device={devs}" if "," not in devs else f'"device={devs}"']
     ro = [os.path.dirname(os.path.abspath(p)) for p in (build.onnx, build.calibration_cache) if p]
@@ -72,7 +77,7 @@ def image_trtexec(t, build, plan: str, cmd: Command | None = None):
         if d != rw:
             argv += ["--volume", f"{d}:{d}:ro"]
     argv += ["--volume", f"{rw}:{rw}", "--entrypoint", "trtexec", t.image]
-    return Trtexec(argv, f["tensorrt"], f"image {t.image}")
+    return argv, f["tensorrt"], f"image {t.image}"
 
 
 def needs(model) -> list[str]:
