@@ -104,9 +104,11 @@ class Model:
 
 @dataclass(frozen=True)
 class MpsDirs:
-    """The MPS daemon's pipe and log directories (from the profile's mps section)."""
+    """The MPS daemon's pipe and log directories and the GPUs it serves (the profile's mps section;
+    None: all): an MPS client's CUDA_VISIBLE_DEVICES counts among the daemon's devices."""
     pipe_dir: str
     log_dir: str
+    gpus: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -482,7 +484,11 @@ def section(profile) -> Triton | None:
     t = profile.section("triton")
     mps = profile.section("mps")
     if t is not None and mps is not None and mps.enabled:
-        t = replace(t, mps=MpsDirs(mps.pipe_dir, mps.log_dir))
+        gpus = tuple(mps.gpus) if mps.gpus is not None else None
+        if gpus is not None and t.gpus is not None and not set(t.gpus) <= set(gpus):
+            raise HkError(f"triton.gpu {list(t.gpus)}: GPU {min(set(t.gpus) - set(gpus))} is not one the MPS "
+                          f"daemon serves (mps.gpus: {list(gpus)}); Triton, its client, sees only those")
+        t = replace(t, mps=MpsDirs(mps.pipe_dir, mps.log_dir, gpus))
     return t
 
 

@@ -68,7 +68,7 @@ def image_trtexec(t, build, plan: str, cmd: Command | None = None):
         raise UnsupportedError(f"image {t.image} has no trtexec: the plan cannot be built with the TensorRT "
                                f"that serves it")
     argv = [t.runtime, "run", "--rm"]
-    devs = visible_gpus(t)
+    devs = visible_gpus(t, host=True)
     if devs:
         argv += ["--gpus", f"device={devs}" if "," not in devs else f'"device={devs}"']
     ro = [os.path.dirname(os.path.abspath(p)) for p in (build.onnx, build.calibration_cache) if p]

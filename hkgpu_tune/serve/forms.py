@@ -102,12 +102,17 @@ def server_env(t) -> dict[str, str]:
     return env | mps_env(t)
 
 
-def visible_gpus(t) -> str:
+def visible_gpus(t, host: bool = False) -> str:
     """The GPUs the server sees, '4,5,6,7' ('' for all); inside, they are 0..n-1 and the rendered
-    configs use those numbers (config._remap_gpus)."""
+    configs use those numbers (config._remap_gpus). An MPS client counts among the GPUs its daemon
+    serves (the daemon's own CUDA_VISIBLE_DEVICES), not among all of the host's; `host`: the host's
+    numbers (a container runtime's --gpus)."""
     gpus = getattr(t, "gpus", None)
     if gpus is None:
         gpus = () if t.gpu is None else (t.gpu,)
+    served = getattr(getattr(t, "mps", None), "gpus", None)
+    if served is not None and gpus and not host:
+        gpus = tuple(served.index(g) for g in gpus)
     return ",".join(str(g) for g in gpus)
 
 
@@ -170,8 +175,8 @@ def container_argv(t, place: dict, detach: bool = False) -> list[str]:
     argv = [t.runtime, "run", "--rm", "--name", t.unit]
     if detach:
         argv.append("--detach")
-    if visible_gpus(t):   # docker's form for a set: --gpus '"device=2,3"'
-        devs = visible_gpus(t)
+    if visible_gpus(t, host=True):   # docker's form for a set: --gpus '"device=2,3"'
+        devs = visible_gpus(t, host=True)
         argv += ["--gpus", f"device={devs}" if "," not in devs else f'"device={devs}"']
     argv += ["--network", "host", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
              "--shm-size", t.shm_size]

@@ -70,3 +70,27 @@ def test_a_gpu_outside_the_set_is_refused_at_its_line(tmp_path):
     assert "GPU 2 is not one this server sees (triton.gpu: [4, 5, 6, 7])" in msg and "instance_group" in msg, msg
     with pytest.raises(HkError, match="distinct GPU indices"):
         service(tmp_path, [1, 1], [{"count": 1, "kind": "KIND_GPU"}])
+
+
+def test_an_mps_client_counts_among_the_daemons_gpus(tmp_path):
+    """NVIDIA's MPS guide: a client's CUDA_VISIBLE_DEVICES is read among the devices its control
+    daemon sees (the daemon's own CUDA_VISIBLE_DEVICES), so GPU 5 of a daemon serving 4-7 is 1."""
+    from hkgpu_tune.serve.config import section
+    doc = profile_dict(tmp_path, (18000, 18001, 18002))
+    doc["triton"].update(gpu=[5, 6], launch="binary")
+    doc["triton"]["models"][0]["instance_group"] = [{"count": 1, "kind": "KIND_GPU", "gpus": [6]}]
+    doc["mps"] = {"pipe_dir": f"{tmp_path}/pipe", "log_dir": f"{tmp_path}/log", "gpus": [4, 5, 6, 7]}
+    f = tmp_path / "mps.yaml"
+    f.write_text(dump(doc))
+    t = section(parse_profile_text(f.read_text(), str(f)))
+    assert launch.server_env(t)["CUDA_VISIBLE_DEVICES"] == "1,2"
+    assert t.models[0].config["instance_group"][0]["gpus"] == [1]        # among the server's 5, 6
+    container = section(parse_profile_text(f.read_text().replace("launch: binary", "launch: container\n  image: x"),
+                                           str(f)))
+    argv = launch.container_argv(container, {"cpus": [0]})
+    assert argv[argv.index("--gpus") + 1] == '"device=5,6"'               # the runtime counts the host's
+    doc["triton"]["gpu"] = [3]
+    doc["triton"]["models"][0]["instance_group"][0]["gpus"] = [3]
+    f.write_text(dump(doc))
+    with pytest.raises(HkError, match=r"GPU 3 is not one the MPS daemon serves \(mps.gpus: \[4, 5, 6, 7\]\)"):
+        section(parse_profile_text(f.read_text(), str(f)))
