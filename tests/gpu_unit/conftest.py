@@ -62,6 +62,10 @@ class FakeSystemd:
     def daemon_reload(self):
         self.calls.append(("daemon-reload",))
 
+    def stop(self, unit, timeout=60):
+        self.calls.append(("stop", unit))
+        self.active.discard(unit)
+
     def read_unit(self, unit):
         return self.units.get(unit)
 
