@@ -194,6 +194,8 @@ def main() -> int:
                                  and after.get("dynamic_batching") == cfg_before.get("dynamic_batching"))
         rec["steps"][name] = st
         windows[name] = (t0, t1 + 2)
+        with open(f"{a.out}/reload-partial.json", "w") as f:   # what a run cut short still shows
+            json.dump(rec, f, indent=1)
 
     step("a_instances_4_to_8", profile(next(n), count=8, fp16=fp16), 0)
     step("b_queue_delay_2000_to_1000", profile(next(n), count=8, delay_us=1000, fp16=fp16), 0)
