@@ -173,6 +173,32 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
 
 
+def new_stream(torch, device):
+    """A CUDA stream no one else in the process has. torch.cuda.Stream() hands out streams from a
+    pool of 32 per priority, round robin: with a dozen instances in one server process a new
+    instance's capture stream can be a running instance's stream, and that instance's replay then
+    fails ("Cannot prepare for replay during capturing stage") or is captured into the new graph.
+    Made with cudaStreamCreateWithFlags (non-blocking) from the CUDA runtime torch has loaded, else
+    the driver's cuStreamCreate; a pool stream only where neither can be found (said in the log)."""
+    import ctypes
+    torch.cuda.synchronize(device)   # the runtime's context is current in this thread
+    handle = ctypes.c_void_p()
+    libs = []
+    try:
+        with open("/proc/self/maps") as f:
+            libs = sorted({ln.split()[-1] for ln in f if "/libcudart.so" in ln})
+    except OSError:
+        pass
+    for lib, fn in [(p, "cudaStreamCreateWithFlags") for p in libs] + [("libcuda.so.1", "cuStreamCreate")]:
+        try:
+            create = getattr(ctypes.CDLL(lib), fn)
+        except (OSError, AttributeError):
+            continue
+        if create(ctypes.byref(handle), 1) == 0 and handle.value:   # 1: non-blocking
+            return torch.cuda.ExternalStream(handle.value, device=device)
+    return None
+
+
 def build_model(torch, torchvision, name: str, num_classes: int, weights: dict | None):
     """The model in eval mode on the CPU: a torchvision architecture with random weights, or with the
     weights the profile names (build.weights: a state_dict for that architecture, a TorchScript
@@ -257,7 +283,12 @@ class TorchEngine:
         shared = _SHARED.get(key)
         # everything this engine puts on the GPU goes through a stream of its own: the legacy default
         # stream and a device-wide synchronize would wait on (and stall) the instances already serving
-        init = torch.cuda.Stream(self.device)
+        streams = [new_stream(torch, self.device) for _ in range(2)]
+        self.private_streams = all(st is not None for st in streams)
+        if not self.private_streams and log:
+            log("no CUDA runtime found to make private streams: using torch's stream pool (a reload under load "
+                "may disturb running instances)")
+        init, self.stream = [st or torch.cuda.Stream(self.device) for st in streams]
         with torch.cuda.stream(init):
             if shared is None:
                 model = build_model(torch, torchvision, name, num_classes, weights)
@@ -274,7 +305,6 @@ class TorchEngine:
                 model, fwd = shared
             self.model, self.fwd = model, fwd
             shape = (3, image_size, image_size)
-            self.stream = torch.cuda.Stream(self.device)
             # blocking: the thread sleeps until the batch is back (spin: it polls, a core each)
             self.done = torch.cuda.Event(blocking=sync == "blocking")
             self.host_in = torch.empty((self.max_batch, *shape), dtype=self.in_dtype).pin_memory()
@@ -299,13 +329,13 @@ class TorchEngine:
                 self.host_out = torch.empty((self.max_batch, *out.shape[1:]), dtype=out.dtype).pin_memory()
                 self.host_out_np = self.host_out.numpy()
                 if cuda_graphs:
-                    self._capture()
+                    self._capture(init)
         init.synchronize()
         self.stream.wait_stream(init)
         self.capture_s = time.monotonic() - t0
         _SHARED.setdefault(key, (model, fwd))   # once it has run: a failed compile is not kept
 
-    def _capture(self):
+    def _capture(self, side):
         """One graph per batch size, captured so that the instances already serving in this process
         never notice: warm-up and capture on a stream of this engine's own, the capture in
         thread-local mode (another thread's synchronize or allocation neither fails nor breaks it),
@@ -313,8 +343,6 @@ class TorchEngine:
         does both before each capture: they stall every running instance)."""
         torch = self.torch
         pool = torch.cuda.graph_pool_handle()
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             for b in reversed(self.batches):   # largest first: the smaller graphs reuse its pool
                 x = self.dev_in[:b]

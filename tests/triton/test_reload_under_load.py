@@ -150,7 +150,8 @@ def test_reloads_under_load_fail_no_request(node, tmp_path):
 
     bad_file = tmp_path / "bad.py"
     bad_file.write_text(BAD_INIT)
-    p, t0, t1 = applied_under_load(node, node["profile"](count=3, max_batch=8, delay_us=500, model_file=str(bad_file)))
+    # the config changes too: the put-back must not load the previous config over the new files
+    p, t0, t1 = applied_under_load(node, node["profile"](count=3, max_batch=8, delay_us=600, model_file=str(bad_file)))
     err = one_error_line(p)
     assert "did not load" in err and "these weights do not load" in err, err
     assert err.endswith("the previous config is serving again (rolled back)"), err
