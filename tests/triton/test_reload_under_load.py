@@ -92,8 +92,8 @@ def node(tmp_path_factory):
     finally:
         stop.write_text("")
         load.wait(60)
-        from hkgpu_tune.profile import load_profile
-        from hkgpu_tune.triton import launch
+        from hkgpu_tune.core.profile import load_profile
+        from hkgpu_tune.serve import launch
         launch.stop(load_profile(first).section("triton"))
 
 
