@@ -17,7 +17,7 @@ trap cleanup EXIT
 date -u; nvidia-smi -L; nproc
 nvidia-smi --query-gpu=persistence_mode,compute_mode,clocks.applications.graphics,power.limit --format=csv
 python3 -m pip install -q --no-deps --no-index --no-compile .whl/*.whl 2>&1 | tail -2
-python3 -c 'import importlib.util as u, tritonclient.http, torch; assert u.find_spec("pytriton"); print("deps ok", torch.__version__)'
+python3 -c 'import importlib.util as u, tritonclient.grpc, torch; assert u.find_spec("pytriton"); print("deps ok", torch.__version__)'
 rm -rf /tmp/hkgpu-reload
 timeout ${RELOAD_S:-560} python3 bench/reload_h200.py --out "$OUT" "$@"; echo "reload rc=$?"
 tail -120 /tmp/hkgpu-reload/run/tritonserver.log > "$OUT/tritonserver-tail.log" 2>/dev/null
