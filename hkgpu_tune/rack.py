@@ -287,16 +287,15 @@ def _print_diffs(run: RackRun, out) -> None:
 
 
 def cli_run(args) -> int:
-    from rich.console import Console
     from rich.text import Text
-    from .report import envelope
+    from .report import envelope, make_console, wrap
 
     if args.action == "baseline":
         from .baseline.rack import cli_run as baseline_run
         return baseline_run(args)
     extra = _extravars(args.extra_vars)
     kw = dict(verbosity=args.verbose, forks=args.forks, skip_tags=args.skip_tags)
-    err = Console(stderr=True)
+    err = make_console(stderr=True)
     if args.verbose and not args.json:   # ansible's own output, as it comes
         import re
         tty = sys.stdout.isatty()
@@ -307,7 +306,7 @@ def cli_run(args) -> int:
         print(json.dumps(envelope(f"rack {args.action}", run.to_dict()), indent=2, default=str))
     elif sys.stdout.isatty() and not args.verbose:
         from rich.live import Live
-        con = Console()
+        con = make_console()
         with Live(_progress({}), console=con, refresh_per_second=8, transient=True) as live:
             run = run_playbook(args.action, args.inventory, args.limit, extra, args.tags, args.check,
                                on_update=lambda hosts: live.update(_progress(hosts)), **kw)
@@ -320,7 +319,7 @@ def cli_run(args) -> int:
         if args.check:
             _print_diffs(run, print)
         for r in sorted(run.hosts.values(), key=lambda r: r.host):
-            print(host_line(r))
+            print(wrap(host_line(r)))
         print(f"{Path(run.playbook).name}: {len(run.hosts)} host(s), {len(run.failed_hosts)} failed, "
               f"{run.elapsed_s:.1f} s")
     if not run.hosts:

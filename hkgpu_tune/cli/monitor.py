@@ -40,9 +40,9 @@ def run_export(ctx: Context) -> int:
                                 "seconds": round(c.seconds, 4), "data": c.data} for c in rep.collectors]}
         print(json.dumps(report.envelope("export", data, ctx.profile), indent=2, default=str))
     else:   # plain lines: a timer's journal, not a terminal (rich would cost ~50 ms of imports)
-        print(f"wrote {rep.path}: {rep.series} series in {rep.seconds * 1000:.0f} ms, "
-              f"{rep.failures} failed setting(s)")
+        print(report.wrap(f"wrote {rep.path}: {rep.series} series in {rep.seconds * 1000:.0f} ms, "
+                          f"{rep.failures} failed setting(s)"))
         for c in rep.collectors:
             if not c.up:
-                print(f"collector down: {c.collector}: {c.error}")
+                print(report.wrap(f"collector down: {c.collector}: {c.error}"))
     return code
