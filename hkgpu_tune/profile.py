@@ -575,6 +575,7 @@ SECTIONS: dict[str, str] = {
     "affinity": "hkgpu_tune.subsystems.affinity:parse_profile",
     "triton": "hkgpu_tune.subsystems.triton:parse_profile",
     "health": "hkgpu_tune.health:parse_profile",
+    "export": "hkgpu_tune.collect.exporters:parse_profile",
     "baseline": "hkgpu_tune.baseline.settings:parse_profile",
     "tcp_buffers": "hkgpu_tune.subsystems.sysctl:parse_tcp_buffers",
 }

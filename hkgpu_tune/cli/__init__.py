@@ -57,7 +57,7 @@ EXIT_CODES = """exit codes:
 EXAMPLES = {
     "facts": "hkgpu-tune facts --only sysctl,link",
     "plan": "hkgpu-tune plan --profile hk-latency",
-    "verify": "hkgpu-tune verify --prometheus /var/lib/prometheus/node-exporter/hkgpu.prom",
+    "verify": "hkgpu-tune verify --only sysctl,link --junit verify.xml",
     "apply": "hkgpu-tune apply --persist",
     "rollback": "hkgpu-tune rollback --only sysctl",
     "mps": "hkgpu-tune mps status",
