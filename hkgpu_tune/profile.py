@@ -543,6 +543,10 @@ def parse_sysctl(n: Node) -> list[SysctlSetting]:
         if not valid_sysctl_key(key):
             raise v.error("not a sysctl key (expected dotted names under /proc/sys such as net.core.rmem_max: "
                           f"letters, digits, '_' and '-', at most {SYSCTL_KEY_MAX} characters)")
+        from hkgpu_tune.subsystems.sysctl_names import misspelt
+        near = misspelt(key)
+        if near:
+            raise v.error(f"no such sysctl {key}; did you mean {near}?")
         compare = "at_least" if key in AT_LEAST else "exact"
         optional = False
         if isinstance(v.node, yaml.MappingNode):
