@@ -81,15 +81,19 @@ def families(gpus: list[dict]) -> list[Family]:
             for kind, v in (kinds or {}).items():
                 put("hkgpu_tune_gpu_ecc_errors_total", {**lab, "type": kind, "scope": scope}, v)
         # counts and 0/1 flags are separate families: a sum or rate over one family means one thing
-        rows = g["remapped_rows"] or {}
+        rows = g["remapped_rows"] or {}     # NotSupported: no series, not a 0
         for cause in ("correctable", "uncorrectable"):
-            put("hkgpu_tune_gpu_remapped_rows", {**lab, "cause": cause}, rows.get(cause))
-        put("hkgpu_tune_gpu_remap_pending", lab, rows.get("pending"))
-        put("hkgpu_tune_gpu_remap_failed", lab, rows.get("failed"))
+            if rows.get(cause) is not None:
+                put("hkgpu_tune_gpu_remapped_rows", {**lab, "cause": cause}, rows[cause])
+        for flag, name in (("pending", "hkgpu_tune_gpu_remap_pending"), ("failed", "hkgpu_tune_gpu_remap_failed")):
+            if rows.get(flag) is not None:
+                put(name, lab, rows[flag])
         pages = g["retired_pages"] or {}
         for cause in ("sbe", "dbe"):
-            put("hkgpu_tune_gpu_retired_pages", {**lab, "cause": cause}, pages.get(cause))
-        put("hkgpu_tune_gpu_retired_pages_pending", lab, pages.get("pending"))
+            if pages.get(cause) is not None:
+                put("hkgpu_tune_gpu_retired_pages", {**lab, "cause": cause}, pages[cause])
+        if pages.get("pending") is not None:
+            put("hkgpu_tune_gpu_retired_pages_pending", lab, pages["pending"])
         p = g["pcie"] or {}
         for which, k in (("current", "gen"), ("max", "max_gen")):
             put("hkgpu_tune_gpu_pcie_link_gen", {**lab, "which": which}, p.get(k))
