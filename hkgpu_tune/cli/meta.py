@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from .context import EXIT_OK, Context
+from hkgpu_tune.cli.context import EXIT_OK, Context
 
 
 def add_parser(sub) -> None:
@@ -25,7 +25,7 @@ def add_parser(sub) -> None:
 
 
 def _full_parser() -> argparse.ArgumentParser:
-    from . import parser
+    from hkgpu_tune.cli import parser
     return parser([])   # no command named: every group is added
 
 
@@ -72,8 +72,8 @@ def _complete(p: argparse.ArgumentParser, shtab, profile: dict, only: dict) -> N
 
 
 def run_completion(ctx: Context) -> int:
-    from ..errors import HkError
-    from ..profile import shipped_profiles
+    from hkgpu_tune.core.errors import HkError
+    from hkgpu_tune.core.profile import shipped_profiles
     try:
         import shtab
     except ImportError:
@@ -171,7 +171,7 @@ def manpage(p: argparse.ArgumentParser) -> str:
     """Section 8 (system administration: it tunes the host as root); NAME, SYNOPSIS, DESCRIPTION,
     COMMANDS from the parser, then EXIT STATUS, ENVIRONMENT, FILES, NOTES and SEE ALSO."""
     import os
-    from .. import __version__
+    from hkgpu_tune import __version__
     when = int(os.environ.get("SOURCE_DATE_EPOCH", "0") or 0) or time.time()   # reproducible builds
     date = time.strftime("%Y-%m-%d", time.gmtime(when))
     out = [f'.TH HKGPU\\-TUNE 8 "{date}" "hkgpu-tune {_esc(__version__)}" "System Administration"',

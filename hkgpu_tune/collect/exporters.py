@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from hkgpu_tune.collect import DEFAULT, NAMES, Family
+from hkgpu_tune.observe.collect import DEFAULT, NAMES, Family
 
 EXPORTERS = ("node_exporter", "dcgm_exporter")
 # the process names (/proc/PID/comm: 15 characters at most) of each exporter

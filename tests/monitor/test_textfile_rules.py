@@ -15,11 +15,11 @@ import urllib.request
 
 import pytest
 
-from hkgpu_tune import export as X
-from hkgpu_tune import report
-from hkgpu_tune.collect import exporters as E
-from hkgpu_tune.errors import HkError, ProfileError
-from hkgpu_tune.profile import parse_profile_text
+from hkgpu_tune.observe import export as X
+from hkgpu_tune.core import report
+from hkgpu_tune.observe.collect import exporters as E
+from hkgpu_tune.core.errors import HkError, ProfileError
+from hkgpu_tune.core.profile import parse_profile_text
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
@@ -56,7 +56,7 @@ def replayed(tmp_path):
 @pytest.mark.parametrize("there", [NONE, NODE_ONLY, BOTH], ids=["alone", "node_exporter", "both"])
 def test_every_export_form_passes_promtool(tmp_path, replayed, there, monkeypatch):
     prof, eng, src = replayed
-    from hkgpu_tune.collect import probe
+    from hkgpu_tune.observe.collect import probe
     # --probes with replies and a dead peer (the pings themselves: test_export's namespace test)
     monkeypatch.setattr(probe, "probe_peers", lambda p, count, deadline: [
         ("198.18.0.2", "fabric", probe.stats("198.18.0.2", 5, [0.1, 0.3, 0.2, 0.2, 0.1])),
@@ -77,8 +77,8 @@ def test_verify_prometheus_and_health_forms_pass_promtool(tmp_path):
         p = hk("verify", "-p", prof, "--prometheus", str(f), "--state-dir", str(tmp_path / "st"))
         assert p.returncode in (0, 2), p.stderr
         promtool_ok(f.read_text())
-    from hkgpu_tune import health
-    from hkgpu_tune.collect import render
+    from hkgpu_tune.observe import health
+    from hkgpu_tune.observe.collect import render
     rep = health.check(parse_profile_text("name: t\nhealth: {gpus_expected: 8}\n", "t.yaml"),
                        gpu_error="NVML library not found")
     promtool_ok("\n".join(render(health.to_families(rep))) + "\n")
@@ -245,7 +245,7 @@ NODE_EXPORTER = shutil.which("prometheus-node-exporter")
 
 @pytest.mark.skipif(NODE_EXPORTER is None, reason="needs Debian's prometheus-node-exporter")
 def test_node_exporter_serves_the_export_without_duplicates(tmp_path):
-    from hkgpu_tune.triton.client import free_ports
+    from hkgpu_tune.serve.client import free_ports
     d = tmp_path / "tf"
     d.mkdir()
     port = free_ports(1)[0]

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from hkgpu_tune.errors import ProfileError
-from hkgpu_tune.profile import parse_profile_text
+from hkgpu_tune.core.errors import ProfileError
+from hkgpu_tune.core.profile import parse_profile_text
 from hkgpu_tune.subsystems.sysctl_names import known, misspelt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -16,7 +16,7 @@ import termios
 
 import pytest
 
-from hkgpu_tune import report
+from hkgpu_tune.core import report
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, ROOT)
@@ -125,7 +125,7 @@ def test_long_reasons_wrap_at_words():
 
 
 def test_rack_summary_and_host_lines_fit(tmp_path):
-    from hkgpu_tune import rack
+    from hkgpu_tune.fleet import rack
     run = rack.RackRun("site.yml", 2, "failed", 12.5, {})
     for i in range(3):
         r = rack.HostResult(host=f"gpu-node-hk-tko-a01-{i:02d}.example.internal")
