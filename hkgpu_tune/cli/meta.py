@@ -171,7 +171,7 @@ def manpage(p: argparse.ArgumentParser) -> str:
     """Section 8 (system administration: it tunes the host as root); NAME, SYNOPSIS, DESCRIPTION,
     COMMANDS from the parser, then EXIT STATUS, ENVIRONMENT, FILES, NOTES and SEE ALSO."""
     import os
-    from hkgpu_tune import __version__
+    from hkgpu_tune.core.version import __version__
     when = int(os.environ.get("SOURCE_DATE_EPOCH", "0") or 0) or time.time()   # reproducible builds
     date = time.strftime("%Y-%m-%d", time.gmtime(when))
     out = [f'.TH HKGPU\\-TUNE 8 "{date}" "hkgpu-tune {_esc(__version__)}" "System Administration"',

@@ -11,7 +11,7 @@ import pytest
 
 from hkgpu_tune.core.errors import ProfileError
 from hkgpu_tune.core.profile import parse_profile_text
-from hkgpu_tune.subsystems.sysctl_names import known, misspelt
+from hkgpu_tune.core.sysctl_names import known, misspelt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
