@@ -86,6 +86,9 @@ def test_the_analyser_catches_a_bad_unit(tmp_path):
 def test_triton_binary_unit(tmp_path):
     t = triton(tmp_path, user="triton-server", gpu=0, mps_dirs=("/run/nvidia-mps", "/tmp/mps"))
     assert "BindPaths=/tmp/mps" in launch.render_unit(t, PLACE)   # the MPS lines are in what is checked
+    head = launch.render_unit(t, PLACE).split("[Service]")[0]      # started after the MPS daemon
+    assert "After=network-online.target nvidia-persistenced.service nvidia-mps.service" in head
+    assert "Wants=network-online.target nvidia-mps.service" in head
     other, missing = analyze(tmp_path, {"hkgpu-triton.service": launch.render_unit(t, PLACE)})
     assert (other, missing) == ([], set())
 
@@ -115,9 +118,18 @@ def test_mps_unit(tmp_path, dirs):
 
 
 def test_persist_boot_unit(tmp_path):
-    text = persist.boot_unit(hkgpu_exe(), ["link", "ethtool", "qdisc", "gpu", "affinity"])
+    text = persist.boot_unit(hkgpu_exe(), ["link", "ethtool", "qdisc", "gpu", "affinity"],
+                             ["ens1f0np0", "bond0.100", "ib-fab0"])
     other, missing = analyze(tmp_path, {persist.UNIT_NAME: text})
     assert (other, missing) == ([], set())
+    # waits for the interfaces it tunes (device units, as systemd-escape names them), not udev-settle
+    assert "udev-settle" not in text
+    want = [persist.device_unit(d) for d in ("ens1f0np0", "bond0.100", "ib-fab0")]
+    esc = subprocess.run(["systemd-escape", "--path", "--suffix=device", *[f"/sys/subsystem/net/devices/{d}"
+                          for d in ("ens1f0np0", "bond0.100", "ib-fab0")]], capture_output=True, text=True)
+    assert esc.stdout.split() == want
+    for key in ("Wants", "After"):
+        assert any(ln.startswith(f"{key}=") and all(w in ln for w in want) for ln in text.splitlines()), key
 
 
 def role_vars() -> dict:
