@@ -132,24 +132,20 @@ def cpu_list(cpus) -> str:
 
 
 def placement(t, backends=None) -> dict:
-    """CPUs and NUMA nodes local to the service's GPU, from the affinity subsystem."""
-    try:
-        from hkgpu_tune.backends.topology import service_placement
-    except ImportError:
-        service_placement = None
-    if service_placement is not None and t.gpu is not None:
+    """CPUs and NUMA nodes local to the service's GPU (backends.topology)."""
+    from hkgpu_tune.backends import topology
+    if t.gpu is not None:
         if backends is None:
             from hkgpu_tune.backends import Backends
             backends = Backends()
         try:
-            p = dict(service_placement(backends, t.gpu))
+            p = dict(topology.service_placement(backends, t.gpu))
             if p.get("cpus"):
                 return p
         except HkError as e:
             return {"cpus": sorted(os.sched_getaffinity(0)), "mems": [], "numa_node": None,
-                    "source": f"affinity subsystem: {e}; all CPUs"}
-    return {"cpus": sorted(os.sched_getaffinity(0)), "mems": [], "numa_node": None,
-            "source": "affinity subsystem unavailable" if service_placement is None else "no GPU named; all CPUs"}
+                    "source": f"placement: {e}; all CPUs"}
+    return {"cpus": sorted(os.sched_getaffinity(0)), "mems": [], "numa_node": None, "source": "no GPU named; all CPUs"}
 
 
 # ---------------------------------------------------------------- the three forms
