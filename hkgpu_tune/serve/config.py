@@ -121,9 +121,10 @@ class Model:
 
 @dataclass(frozen=True)
 class MpsDirs:
-    """The MPS daemon's pipe and log directories (from the profile's mps section)."""
+    """The MPS daemon's pipe and log directories and its unit (from the profile's mps section)."""
     pipe_dir: str
     log_dir: str
+    unit: str = "nvidia-mps.service"
 
 
 @dataclass(frozen=True)
@@ -459,7 +460,7 @@ def section(profile) -> Triton | None:
     t = profile.section("triton")
     mps = profile.section("mps")
     if t is not None and mps is not None and mps.enabled:
-        t = replace(t, mps=MpsDirs(mps.pipe_dir, mps.log_dir))
+        t = replace(t, mps=MpsDirs(mps.pipe_dir, mps.log_dir, mps.unit))
     return t
 
 

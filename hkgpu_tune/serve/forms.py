@@ -199,9 +199,13 @@ def render_unit(t, place: dict | None = None) -> str:
     """The systemd unit of the service (binary or container form)."""
     place = place if place is not None else placement(t)
     argv = command(t, place)
+    after = ["network-online.target", "nvidia-persistenced.service"]
+    wants = ["network-online.target"]
+    if getattr(t, "mps", None) is not None:   # its clients need the MPS daemon up first
+        after.append(t.mps.unit)
+        wants.append(t.mps.unit)
     lines = ["[Unit]", "Description=Triton Inference Server (hkgpu-tune)",
-             "After=network-online.target nvidia-persistenced.service",
-             "Wants=network-online.target", ""]
+             "After=" + " ".join(after), "Wants=" + " ".join(wants), ""]
     lines += ["[Service]", "Type=simple"]
     if t.launch == "binary":
         user = t.user or DEFAULT_USER

@@ -24,7 +24,8 @@ hkgpu_tune_nic_dropped_total hkgpu_tune_nic_errors_total hkgpu_tune_nic_queue_dr
 hkgpu_tune_tcp_retransmitted_segments_total hkgpu_tune_tcp_sent_segments_total
 hkgpu_tune_gpu_utilization_ratio hkgpu_tune_gpu_memory_used_bytes hkgpu_tune_gpu_memory_total_bytes
 hkgpu_tune_gpu_temperature_celsius hkgpu_tune_gpu_power_watts hkgpu_tune_gpu_throttle
-hkgpu_tune_gpu_ecc_errors_total hkgpu_tune_gpu_remapped_rows hkgpu_tune_gpu_pcie_link_gen
+hkgpu_tune_gpu_ecc_errors_total hkgpu_tune_gpu_remapped_rows hkgpu_tune_gpu_remap_pending
+hkgpu_tune_gpu_remap_failed hkgpu_tune_gpu_pcie_link_gen hkgpu_tune_exporter_present
 hkgpu_tune_gpu_pcie_link_width hkgpu_tune_xid_events hkgpu_tune_kernel_events
 hkgpu_tune_health_status hkgpu_tune_health_check""".split()
 
@@ -215,14 +216,18 @@ network:
                             "--textfile-dir", str(d), "--profile", str(prof), "--state-dir", str(tmp_path / "st")],
                            capture_output=True, text=True, cwd=REPO, timeout=120)
         assert r.returncode in (0, 2), r.stderr
-        smp = samples((d / "hkgpu-tune.prom").read_text())
+        text = (d / "hkgpu-tune.prom").read_text()
+        smp = samples(text)
     finally:
         p.remove()
+    if shutil.which("promtool"):   # the --probes form through the real promtool: nothing to say
+        c = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+        assert c.returncode == 0 and not (c.stdout + c.stderr).strip(), c.stdout + c.stderr
     fab = (("kind", "fabric"), ("peer", p.ipb))
-    assert 0 < smp[("hkgpu_tune_peer_rtt_seconds", fab + (("quantile", "0.99"),))] < 0.1
+    assert 0 < smp[("hkgpu_tune_peer_rtt_p99_seconds", fab)] < 0.1
     assert smp[("hkgpu_tune_peer_loss_ratio", fab)] == 0.0 and ("hkgpu_tune_peer_jitter_seconds", fab) in smp
     wan = (("kind", "wan"), ("peer", "hk-sg"))
-    assert smp[("hkgpu_tune_peer_loss_ratio", wan)] == 1.0 and ("hkgpu_tune_peer_rtt_seconds", wan + (("quantile", "0.5"),)) not in smp
+    assert smp[("hkgpu_tune_peer_loss_ratio", wan)] == 1.0 and ("hkgpu_tune_peer_rtt_p50_seconds", wan) not in smp
     assert smp[("hkgpu_tune_peer_rtt_expected_seconds", wan)] == 0.04
     assert smp[("hkgpu_tune_peer_jitter_threshold_seconds", wan)] == 0.008
     assert ("hkgpu_tune_peer_jitter_threshold_seconds", fab) not in smp

@@ -47,12 +47,14 @@ class Sources:
 
     nvml: an Nvml or ReplayNvml; nic: an object with devices(), stats(dev), ethtool_stats(dev)
     (collect.nic.SysNic by default); proc: a dict {"snmp": text, "netstat": text} (else /proc/net/*);
-    kmsg_lines: kernel log lines (else /dev/kmsg, then `journalctl -k -b`)."""
+    kmsg_lines: kernel log lines (else /dev/kmsg, then `journalctl -k -b`); proc_root: the /proc
+    whose processes say whether node_exporter and dcgm-exporter run here."""
 
     nvml: object = None
     nic: object = None
     proc: dict | None = None
     kmsg_lines: list | None = None
+    proc_root: str = "/proc"        # where the exporters' processes are looked for (collect.exporters)
     probe_count: int = 5
     probe_deadline_s: float = 5.0
 
