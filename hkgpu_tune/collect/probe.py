@@ -120,7 +120,8 @@ def jitter_thresholds_ms(profile) -> dict[str, float]:
 
 
 def families(profile, results) -> list[Family]:
-    F = [Family("hkgpu_tune_peer_rtt_seconds", "gauge", "Round-trip time to a peer (quantile over one probe)."),
+    rtt = "hkgpu_tune_peer_rtt_seconds"   # a summary: promtool refuses a "quantile" label on a gauge
+    F = [Family(rtt, "summary", "Round-trip time to a peer (quantiles over one probe's replies)."),
          Family("hkgpu_tune_peer_jitter_seconds", "gauge", "Mean absolute difference of consecutive RTTs."),
          Family("hkgpu_tune_peer_loss_ratio", "gauge", "Share of probes without a reply."),
          Family("hkgpu_tune_peer_rtt_expected_seconds", "gauge", "The profile's expected RTT (wan_peers[].rtt_ms)."),
@@ -131,6 +132,8 @@ def families(profile, results) -> list[Family]:
         lab = {"peer": name, "kind": kind}
         for q, v in (("0.5", s.p50_ms), ("0.99", s.p99_ms)):
             F[0].samples.append(({**lab, "quantile": q}, None if v is None else v / 1000))
+        F[0].samples.append(({"__name__": rtt + "_sum", **lab}, sum(s.rtts_ms) / 1000))
+        F[0].samples.append(({"__name__": rtt + "_count", **lab}, len(s.rtts_ms)))
         F[1].samples.append((lab, None if s.jitter_ms is None else s.jitter_ms / 1000))
         F[2].samples.append((lab, 1.0 if s.loss_ratio is None else s.loss_ratio))
         if expected.get(name) is not None:
