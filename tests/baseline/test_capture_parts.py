@@ -148,7 +148,8 @@ def _netem_missing() -> str:
         p = sh("tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms", ns="hkbl-netemprobe", check=False)
         return "" if p.returncode == 0 else (
             "this kernel has no netem qdisc (sch_netem), so no delay or jitter can be added to a link here: "
-            "the RTT and jitter statistics are tested on recorded ping output instead (test_compare.py)")
+            "the RTT and jitter statistics are tested on recorded ping output here (test_compare.py) and the delay "
+            "itself on the VM test node, whose Debian kernel has netem (tests/vm/test_wan_vm.py)")
     finally:
         sh("ip", "netns", "del", "hkbl-netemprobe", check=False)
 
