@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from hkgpu_tune.baseline import capture, engine_bench, iperf, settings
-from hkgpu_tune.profile import parse_profile_text
+from hkgpu_tune.core.profile import parse_profile_text
 
 from .netns import Bed, sh
 
@@ -52,7 +52,7 @@ STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin_trte
 def standin_plan(tmp_path, key=True):
     """A dynamic-batch ResNet-50 engine for the trtexec stand-in (profile 1..32, opt 8) and, as
     `triton build` leaves it, the key file with the build flags beside it."""
-    from hkgpu_tune.triton import tensorrt
+    from hkgpu_tune.serve import tensorrt
     plan = tmp_path / "m.plan"
     plan.write_text(json.dumps({"standin": "trtexec", "inputs": [
         {"name": "input", "dims": [-1, 3, 224, 224], "min": [1, 3, 224, 224], "opt": [8, 3, 224, 224],
@@ -66,7 +66,7 @@ def standin_plan(tmp_path, key=True):
 
 @pytest.fixture
 def trtexec(tmp_path, monkeypatch):
-    monkeypatch.setattr("hkgpu_tune.triton.tensorrt.trtexec_path", lambda: STANDIN)
+    monkeypatch.setattr("hkgpu_tune.serve.tensorrt.trtexec_path", lambda: STANDIN)
     monkeypatch.setenv("STANDIN_TRTEXEC_LOG", str(tmp_path / "calls.log"))
     return tmp_path / "calls.log"
 

@@ -16,7 +16,7 @@ import re
 
 import pytest
 
-from hkgpu_tune.rack import run_playbook
+from hkgpu_tune.fleet.rack import run_playbook
 
 from .vm import DATA_MAC, PEER_ADDR, REPO
 
