@@ -57,9 +57,22 @@ def standin_plan(tmp_path, key=True):
     plan.write_text(json.dumps({"standin": "trtexec", "inputs": [
         {"name": "input", "dims": [-1, 3, 224, 224], "min": [1, 3, 224, 224], "opt": [8, 3, 224, 224],
          "max": [32, 3, 224, 224]}], "outputs": [{"name": "output", "dims": [-1, 1000]}]}))
-    if key:
-        flags = ["--fp16", "--minShapes=input:1x3x224x224", "--optShapes=input:8x3x224x224",
-                 "--maxShapes=input:32x3x224x224"]
+    if key:     # the flags as `triton build` makes them for this model, kept as build_plan keeps them
+        (tmp_path / "m.onnx").write_bytes(b"onnx")
+        model = parse_profile_text(f"""\
+triton:
+  model_repository: {tmp_path}/repo
+  models:
+    - name: resnet50
+      platform: tensorrt_plan
+      max_batch_size: 32
+      inputs: [{{name: input, data_type: FP16, dims: [3, 224, 224]}}]
+      outputs: [{{name: output, data_type: FP16, dims: [1000]}}]
+      build: {{onnx: m.onnx, fp16: true, opt_batch: 8}}
+""", str(tmp_path / "p.yaml")).section("triton").models[0]
+        flags = [a for a in tensorrt.trtexec_args(model.build, str(plan), model)
+                 if not a.startswith(("--onnx=", "--saveEngine=", "--calib="))]
+        assert "--optShapes=input:8x3x224x224" in flags
         (tmp_path / os.path.basename(tensorrt.key_path(str(plan)))).write_text(json.dumps({"key": {"flags": flags}}))
     return str(plan)
 
