@@ -99,13 +99,45 @@ def test_verify_failing_is_a_down_collector_not_a_crash(tmp_path, replayed):
     assert "hkgpu_tune_setting_status" not in names(smp) and "hkgpu_tune_gpu_throttle" in names(smp)
 
 
-@pytest.mark.skipif(not shutil.which("promtool"), reason="needs promtool (Debian's prometheus, scripts/apt-packages.txt)")
+NO_PROMTOOL = "needs promtool (Debian's prometheus, scripts/apt-packages.txt)"
+
+
+def promtool_says(text: str) -> str:
+    """What `promtool check metrics` has to say (it also lints names: units, _total on counters)."""
+    p = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+    return f"rc {p.returncode}: {p.stdout}{p.stderr}" if p.returncode or (p.stdout + p.stderr).strip() else ""
+
+
+@pytest.mark.skipif(not shutil.which("promtool"), reason=NO_PROMTOOL)
 def test_promtool_accepts_the_textfile(tmp_path, replayed):
     prof, eng, src = replayed
     rep = X.export(prof, str(tmp_path), engine=eng, sources=src)
-    p = subprocess.run(["promtool", "check", "metrics"], input=rep.text, capture_output=True, text=True)
-    # promtool also lints names (units, _total on counters): nothing to say is the bar
-    assert p.returncode == 0 and not (p.stdout + p.stderr).strip(), p.stdout + p.stderr
+    assert promtool_says(rep.text) == ""          # nothing to say is the bar
+
+
+@pytest.mark.skipif(not shutil.which("promtool") or not shutil.which("ping"), reason=NO_PROMTOOL + " and ping")
+def test_promtool_accepts_the_textfile_with_probes(tmp_path):
+    """`export --probes` as a whole process: RTT quantiles, jitter, loss, the profile's expectations
+    and the MTU probe, towards peers on loopback (one answers, one WAN peer with thresholds)."""
+    prof = tmp_path / "p.yaml"
+    prof.write_text("name: probes-lint\nnetwork:\n  interfaces:\n    - match: {name: lo}\n      mtu: 1500\n"
+                    "  fabric_peers: [127.0.0.1]\n"
+                    "  wan_peers:\n    - {address: 127.0.0.2, name: hk-sg, rtt_ms: 40, jitter_ms: 8}\n"
+                    "  probe: {gateway: false}\n")
+    d = tmp_path / "tf"
+    d.mkdir()
+    r = cli("--probes", "--textfile-dir", str(d), "--profile", str(prof), "--state-dir", str(tmp_path / "st"))
+    assert r.returncode in (0, 2), r.stderr
+    text = (d / "hkgpu-tune.prom").read_text()
+    smp = samples(text)
+    # the probe families are there (else the lint proves nothing about them)
+    for n in ("hkgpu_tune_peer_rtt_p50_seconds", "hkgpu_tune_peer_rtt_p99_seconds", "hkgpu_tune_peer_jitter_seconds",
+              "hkgpu_tune_peer_loss_ratio",
+              "hkgpu_tune_peer_rtt_expected_seconds", "hkgpu_tune_peer_jitter_threshold_seconds"):
+        assert n in names(smp), n
+    fab = (("kind", "fabric"), ("peer", "127.0.0.1"))
+    assert 0 < smp[("hkgpu_tune_peer_rtt_p99_seconds", fab)] < 0.1
+    assert promtool_says(text) == ""
 
 
 # ---- the command as a whole process
@@ -217,12 +249,11 @@ network:
                            capture_output=True, text=True, cwd=REPO, timeout=120)
         assert r.returncode in (0, 2), r.stderr
         text = (d / "hkgpu-tune.prom").read_text()
-        smp = samples(text)
     finally:
         p.remove()
+    smp = samples(text)
     if shutil.which("promtool"):   # the --probes form through the real promtool: nothing to say
-        c = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
-        assert c.returncode == 0 and not (c.stdout + c.stderr).strip(), c.stdout + c.stderr
+        assert promtool_says(text) == ""
     fab = (("kind", "fabric"), ("peer", p.ipb))
     assert 0 < smp[("hkgpu_tune_peer_rtt_p99_seconds", fab)] < 0.1
     assert smp[("hkgpu_tune_peer_loss_ratio", fab)] == 0.0 and ("hkgpu_tune_peer_jitter_seconds", fab) in smp

@@ -23,7 +23,8 @@ DEFAULT = ("nic", "tcp", "gpu", "kmsg")     # probe only when asked (it sends pa
 
 @dataclass
 class Family:
-    """One metric family of the textfile: name, "gauge"|"counter", help, [(labels, value)]."""
+    """One metric family of the textfile: name, "gauge"|"counter"|"summary", help, [(labels, value)].
+    A label "__name__" names the sample itself (a summary's NAME_sum and NAME_count)."""
 
     name: str
     kind: str
@@ -114,11 +115,13 @@ def render(families) -> list[str]:
         lines.append(f"# HELP {f.name} {f.help}")
         lines.append(f"# TYPE {f.name} {f.kind}")
         for lab, v in samples:
+            name = lab.get("__name__", f.name)
+            lab = {k: x for k, x in lab.items() if k != "__name__"}
             if lab:
                 inner = ",".join(f'{k}="{label(x)}"' for k, x in lab.items())
-                lines.append(f"{f.name}{{{inner}}} {fmt(v)}")
+                lines.append(f"{name}{{{inner}}} {fmt(v)}")
             else:
-                lines.append(f"{f.name} {fmt(v)}")
+                lines.append(f"{name} {fmt(v)}")
     return lines
 
 
