@@ -228,10 +228,9 @@ def model_state(t, model, backends=None) -> dict:
         want_file = have_file or "built"
         if model.build and model.engine == "tensorrt" and have_file is not None:
             from hkgpu_tune.serve import tensorrt
-            from hkgpu_tune.core.errors import UnsupportedError
             try:
                 stale = tensorrt.plan_status(t, model, backends)
-            except UnsupportedError as e:   # no trtexec to compute the key with: the bindings still
+            except HkError as e:   # no trtexec (or image) to compute the key with: the bindings still
                 stale, unsupported = tensorrt.check_plan(model, os.path.join(d, str(model.version), fname)), str(e)
             if stale:
                 want_file = "rebuilt"
