@@ -242,6 +242,23 @@ class MpsControl:
                 continue
         return sorted(out)
 
+    def daemon(self, pipe_dir: str) -> dict | None:
+        """The running control daemon of this pipe directory as the kernel shows it: its pid, user
+        and the environment it was started with (the GPUs it serves, its log directory); None
+        when none runs. What it runs with, not what its unit file now says."""
+        import psutil
+        for pid in self.processes(pipe_dir):
+            try:
+                p = psutil.Process(pid)
+                if not any(os.path.basename(a) == CONTROL for a in p.cmdline()):
+                    continue   # an MPS server, not the control daemon
+                env = p.environ()
+                return {"pid": pid, "user": p.username(),
+                        "gpus": env.get("CUDA_VISIBLE_DEVICES"), "log_dir": env.get("CUDA_MPS_LOG_DIRECTORY")}
+            except (psutil.Error, OSError):
+                continue
+        return None
+
     def stop(self, pipe_dir: str, timeout: float = 15) -> None:
         """`quit`, then wait until the daemon and its servers have exited."""
         if self.alive(pipe_dir):

@@ -80,6 +80,7 @@ Err* TRITONBACKEND_OutputBuffer(
     int64_t* memory_type_id);
 Err* TRITONBACKEND_ResponseSend(TRITONBACKEND_Response* response, const uint32_t send_flags, Err* error);
 Err* TRITONBACKEND_RequestRelease(TRITONBACKEND_Request* request, uint32_t release_flags);
+Err* TRITONBACKEND_ApiVersion(uint32_t* major, uint32_t* minor);
 }
 
 namespace {
@@ -578,6 +579,24 @@ Err* end(H* triton, Err* (*get_state)(H*, void**), void (*stop_fn)(T*)) {
 }  // namespace
 
 extern "C" {
+
+// The backend API these declarations follow (tritonbackend.h's TRITONBACKEND_API_VERSION_MAJOR and
+// _MINOR of the Triton they were written against): a server with another major, or an older minor,
+// may lay out these calls differently, so the backend refuses to load there (Triton's own backends
+// make the same check in TRITONBACKEND_Initialize).
+static const uint32_t API_MAJOR = 1, API_MINOR = 19;
+
+__attribute__((visibility("default"))) Err* TRITONBACKEND_Initialize(TRITONBACKEND_Backend*) {
+  uint32_t major = 0, minor = 0;
+  Err* e = TRITONBACKEND_ApiVersion(&major, &minor);
+  if (e) return e;
+  if (major != API_MAJOR || minor < API_MINOR)
+    return error(ERR_UNSUPPORTED, "this Triton's backend API is " + std::to_string(major) + "." +
+                                      std::to_string(minor) + "; hkbatch was written for " +
+                                      std::to_string(API_MAJOR) + "." + std::to_string(API_MINOR) +
+                                      " and later " + std::to_string(API_MAJOR) + ".x (use the python backend)");
+  return nullptr;
+}
 
 __attribute__((visibility("default"))) Err* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* triton) {
   return begin<Model>(triton, model_start, model_stop, TRITONBACKEND_ModelSetState);

@@ -7,7 +7,7 @@ Profile (every key but models optional; addresses default to loopback)::
       launch: binary              # binary | container
       model_repository: /var/lib/hkgpu-triton/models
       user: triton-server         # never root
-      gpu: 0
+      gpu: 0                      # or a set: [4, 5, 6, 7] (one service per GPU or per set)
       http: {port: 8000, address: 127.0.0.1}
       models:
         - name: doubler
@@ -121,10 +121,12 @@ class Model:
 
 @dataclass(frozen=True)
 class MpsDirs:
-    """The MPS daemon's pipe and log directories and its unit (from the profile's mps section)."""
+    """The MPS daemon's pipe and log directories, its unit and the GPUs it serves (the profile's
+    mps section; gpus None: all): an MPS client's CUDA_VISIBLE_DEVICES counts among the daemon's."""
     pipe_dir: str
     log_dir: str
     unit: str = "nvidia-mps.service"
+    gpus: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -149,7 +151,8 @@ class Triton:
     run_dir: str = "/run/hkgpu-tune/triton"
     unit: str = "hkgpu-triton"
     user: str | None = None
-    gpu: int | None = 0
+    gpu: int | None = 0                    # the first GPU of gpus (placement, MPS, the plan's key)
+    gpus: tuple[int, ...] | None = (0,)    # the GPUs the server sees (None: all), by NVML index
     http: Endpoint = Endpoint(8000)
     grpc: Endpoint = Endpoint(8001)
     metrics: Endpoint = Endpoint(8002)
@@ -275,12 +278,16 @@ def _weights(n, base: str) -> Weights:
 TORCH_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_model.py")
 
 
-def choose_engine(build: Build, trtexec: str | None) -> tuple[str, str]:
-    """(tensorrt | torch, why): TensorRT where it exists and an ONNX is given, else torch."""
+def choose_engine(build: Build, trtexec: str | None, container: bool = False) -> tuple[str, str]:
+    """(tensorrt | torch, why): TensorRT where it exists and an ONNX is given, else torch (a stand-in
+    for where TensorRT is absent). The container form runs NVIDIA's image, whose TensorRT builds and
+    serves the plan: native first."""
     if build.engine == "tensorrt":
         return "tensorrt", "asked for (engine: tensorrt)"
     if build.engine == "torch":
         return "torch", "asked for (engine: torch)"
+    if build.onnx and container:
+        return "tensorrt", "the container form: the image's trtexec builds the plan its TensorRT backend serves"
     if build.onnx and trtexec:
         return "tensorrt", f"trtexec found at {trtexec}"
     if build.torchvision or build.weights:
@@ -324,7 +331,77 @@ def _torch_config(config: dict, b: Build, backend: str) -> dict:
     return out
 
 
-def _model(item, base: str, container: bool = False) -> Model:
+def _gpu_set(n) -> tuple[int, ...] | None:
+    """gpu: 3 | [4, 5] | null (every GPU), as NVML (and nvidia-smi) number them."""
+    import yaml
+    if n.is_null():
+        return None
+    if isinstance(n.node, yaml.SequenceNode):
+        ids = tuple(i.integer(0, 63) for i in n.items())
+        if not ids or len(set(ids)) != len(ids):
+            raise n.error("expected a GPU index or a list of distinct GPU indices")
+        return ids
+    return (n.integer(0, 63),)
+
+
+def _remap_gpus(config: dict, nodes: dict, visible, item) -> None:
+    """instance_group gpus name GPUs as NVML numbers them; the server sees only `visible`
+    (CUDA_VISIBLE_DEVICES, or the container's --gpus), renumbered from 0: the config gets the
+    numbers the server sees. A GPU outside the set is refused at its line."""
+    if visible is None:
+        return
+    for gi, group in enumerate(config.get("instance_group", [])):
+        if "gpus" not in group:
+            continue
+        mapped = []
+        for j, g in enumerate(group["gpus"]):
+            if int(g) not in visible:
+                node = item
+                try:
+                    node = nodes[("instance_group",)].items()[gi].mapping()["gpus"].items()[j]
+                except (KeyError, IndexError, AttributeError):
+                    pass
+                raise node.error(f"GPU {g} is not one this server sees (triton.gpu: "
+                                 f"{list(visible) if len(visible) > 1 else visible[0]})")
+            mapped.append(visible.index(int(g)))
+        group["gpus"] = mapped
+
+
+# Triton data type -> trtexec I/O type (trtexec's help: type ::= "fp32"|"fp16"|"bf16"|"int32"|
+# "int64"|"int8"|"uint8"|"bool"|"fp8"); the format "chw" is linear, for a tensor of any rank
+IO_TYPES = {"TYPE_FP32": "fp32", "TYPE_FP16": "fp16", "TYPE_BF16": "bf16", "TYPE_INT32": "int32",
+            "TYPE_INT64": "int64", "TYPE_INT8": "int8", "TYPE_UINT8": "uint8", "TYPE_BOOL": "bool"}
+TRITON_TYPES = {v: k for k, v in IO_TYPES.items()}
+
+
+def io_problem(tensor: dict, build) -> str | None:
+    """Why a config input/output cannot be a TensorRT plan binding of this build, or None."""
+    dt = tensor.get("data_type", "")
+    if dt not in IO_TYPES:
+        return (f"{dt or 'no data_type'} cannot be a TensorRT plan's I/O type "
+                f"(one of {', '.join(t[5:] for t in IO_TYPES)})")
+    if dt == "TYPE_INT8" and not build.int8:
+        return "INT8 I/O needs an INT8 build (build.int8: true with a calibration_cache)"
+    return None
+
+
+def _check_plan_io(config: dict, nodes: dict, build: Build, item) -> None:
+    """Each input/output type must be one a TensorRT plan binding can have (the build asks trtexec
+    for it): refused at its data_type's line otherwise."""
+    for key in ("input", "output"):
+        for i, tensor in enumerate(config.get(key, [])):
+            why = io_problem(tensor, build)
+            if why:
+                node = item
+                try:
+                    node = nodes[(key,)].items()[i]
+                    node = node.mapping().get("data_type", node)
+                except (KeyError, IndexError, AttributeError):
+                    pass
+                raise node.error(f"{key} {tensor.get('name')!r}: {why}")
+
+
+def _model(item, base: str, container: bool = False, visible=(0,)) -> Model:
     m = item.mapping(MODEL_KEYS, required=("name",))
     name = m["name"].string(NAME_RE, "a model name (letters, digits, '_', '.', '-')")
     if ("platform" in m) == ("backend" in m):
@@ -342,8 +419,9 @@ def _model(item, base: str, container: bool = False) -> Model:
                 raise node.error(f"'{key}' is set twice (also outside config:)")
             config[key] = _plain(node, key)
             nodes[(key,)] = node
+    _remap_gpus(config, nodes, visible, item)
     build = _build(m["build"], base) if "build" in m else None
-    engine, why = choose_engine(build, _trtexec()) if build else ("", "")
+    engine, why = choose_engine(build, _trtexec(), container) if build else ("", "")
     if engine == "torch":
         if "model_file" in m:
             raise m["model_file"].error("the torch engine brings its own model.py: drop model_file or build")
@@ -352,6 +430,8 @@ def _model(item, base: str, container: bool = False) -> Model:
         backend, backend_why = choose_backend(build, container)
         why = f"{why}; served by {backend}: {backend_why}"
         config = _torch_config(config, build, backend)
+    if engine == "tensorrt":
+        _check_plan_io(config, nodes, build, item)
     model_file = TORCH_MODEL if engine == "torch" else None
     if "model_file" in m:
         model_file = _path(m["model_file"], base)
@@ -416,7 +496,8 @@ def parse_profile(node) -> Triton:
         if kw["user"] == "root":
             raise m["user"].error("the service must not run as root; name an unprivileged user")
     if "gpu" in m:
-        kw["gpu"] = None if m["gpu"].is_null() else m["gpu"].integer(0, 63)
+        kw["gpus"] = _gpu_set(m["gpu"])
+        kw["gpu"] = kw["gpus"][0] if kw["gpus"] else None
     ports = {"http": 8000, "grpc": 8001, "metrics": 8002}
     for key, port in ports.items():
         if key in m:
@@ -442,7 +523,7 @@ def parse_profile(node) -> Triton:
         kw["extra_args"] = tuple(args)
     models, seen = [], {}
     for item in m["models"].items():
-        mod = _model(item, base, container=kw.get("launch") == "container")
+        mod = _model(item, base, container=kw.get("launch") == "container", visible=kw.get("gpus", (0,)))
         if mod.name in seen:
             raise item.error(f"model {mod.name!r} is defined twice (first at line {seen[mod.name]})")
         seen[mod.name] = item.line
@@ -460,7 +541,11 @@ def section(profile) -> Triton | None:
     t = profile.section("triton")
     mps = profile.section("mps")
     if t is not None and mps is not None and mps.enabled:
-        t = replace(t, mps=MpsDirs(mps.pipe_dir, mps.log_dir, mps.unit))
+        gpus = tuple(mps.gpus) if mps.gpus is not None else None
+        if gpus is not None and t.gpus is not None and not set(t.gpus) <= set(gpus):
+            raise HkError(f"triton.gpu {list(t.gpus)}: GPU {min(set(t.gpus) - set(gpus))} is not one the MPS "
+                          f"daemon serves (mps.gpus: {list(gpus)}); Triton, its client, sees only those")
+        t = replace(t, mps=MpsDirs(mps.pipe_dir, mps.log_dir, mps.unit, gpus))
     return t
 
 

@@ -96,9 +96,24 @@ def server_env(t) -> dict[str, str]:
         from hkgpu_tune.serve import batch_backend
         for k, v in batch_backend.server_env().items():
             env[k] = ":".join(dict.fromkeys([*env[k].split(":"), *v.split(":")])) if k == "PYTHONPATH" and k in env else v
-    if t.gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(t.gpu)
+    if visible_gpus(t):   # NVML's numbering (PCI bus order), which the profile uses
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        env["CUDA_VISIBLE_DEVICES"] = visible_gpus(t)
     return env | mps_env(t)
+
+
+def visible_gpus(t, host: bool = False) -> str:
+    """The GPUs the server sees, '4,5,6,7' ('' for all); inside, they are 0..n-1 and the rendered
+    configs use those numbers (config._remap_gpus). An MPS client counts among the GPUs its daemon
+    serves (the daemon's own CUDA_VISIBLE_DEVICES), not among all of the host's; `host`: the host's
+    numbers (a container runtime's --gpus)."""
+    gpus = getattr(t, "gpus", None)
+    if gpus is None:
+        gpus = () if t.gpu is None else (t.gpu,)
+    served = getattr(getattr(t, "mps", None), "gpus", None)
+    if served is not None and gpus and not host:
+        gpus = tuple(served.index(g) for g in gpus)
+    return ",".join(str(g) for g in gpus)
 
 
 def mps_env(t) -> dict[str, str]:
@@ -156,8 +171,9 @@ def container_argv(t, place: dict, detach: bool = False) -> list[str]:
     argv = [t.runtime, "run", "--rm", "--name", t.unit]
     if detach:
         argv.append("--detach")
-    if t.gpu is not None:
-        argv += ["--gpus", f"device={t.gpu}"]
+    if visible_gpus(t, host=True):   # docker's form for a set: --gpus '"device=2,3"'
+        devs = visible_gpus(t, host=True)
+        argv += ["--gpus", f"device={devs}" if "," not in devs else f'"device={devs}"']
     argv += ["--network", "host", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
              "--shm-size", t.shm_size]
     if place.get("cpus"):

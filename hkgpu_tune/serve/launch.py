@@ -21,7 +21,7 @@ from hkgpu_tune.serve.forms import (  # noqa: F401 (re-exported: callers use lau
     _b, backend_directory, command, container_argv, CONTAINER_REPO, CONTROL_MODE, cpu_list, DEFAULT_USER,
     HARDENING, install_unit, LOG_FILE, METRICS_CONFIG, mps_env, PID_FILE, placement, prepare_backends,
     pytriton_root, render_unit, server_args, server_binary, server_env, ServiceRef, STOP_GRACE_S, STOP_ONLY,
-    supervisor, unit_name, unit_needs_restart, unit_state, unit_stop_s,)
+    supervisor, unit_name, unit_needs_restart, unit_state, unit_stop_s, visible_gpus,)
 
 # ---------------------------------------------------------------- start / status / stop
 def _state_path(t) -> str:
@@ -206,8 +206,11 @@ def start(t, backends=None, place: dict | None = None) -> dict:
     if t.launch == "binary":
         server_binary(t)
         prepare_backends(t)
+    else:   # the image holds what each model needs: one line naming the model, before anything runs
+        from hkgpu_tune.serve import container
+        container.check_image(t, backends.cmd)
     _check_repository(t)
-    render.repository_state(t)  # re-checks config.pbtxt against the schema
+    render.repository_state(t, backends)  # re-checks config.pbtxt against the schema
     place = place if place is not None else placement(t, backends)
     sup = supervisor(t, backends)
     user = t.user or (DEFAULT_USER if sup == "systemd" else None)

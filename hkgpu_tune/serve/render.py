@@ -213,25 +213,37 @@ def _atomic_write(path: str, data, mode=0o644) -> None:
     atomic_write(path, data, mode)
 
 
-def model_state(t, model) -> dict:
-    """current/desired fingerprints of one model's directory, and why they differ."""
+def model_state(t, model, backends=None) -> dict:
+    """current/desired fingerprints of one model's directory, and why they differ (for a built
+    plan: its cache key and bindings, so that a stale plan is drift that apply rebuilds)."""
     d = os.path.join(t.model_repository, model.name)
     want_cfg = _sha(render_config(model).encode())
     have_cfg = _file_sha(os.path.join(d, "config.pbtxt"))
     fname = model_filename(model)
     have_file = _file_sha(os.path.join(d, str(model.version), fname))
+    reasons, unsupported = [], None
     if model.model_file:
         want_file = _file_sha(model.model_file)
-    else:  # a built plan: present is enough here, tensorrt.py keeps it current
+    else:  # a built plan: current while its cache key and bindings match
         want_file = have_file or "built"
-    reasons = []
+        if model.build and model.engine == "tensorrt" and have_file is not None:
+            from hkgpu_tune.serve import tensorrt
+            try:
+                stale = tensorrt.plan_status(t, model, backends)
+            except HkError as e:   # no trtexec (or image) to compute the key with: the bindings still
+                stale, unsupported = tensorrt.check_plan(model, os.path.join(d, str(model.version), fname)), str(e)
+            if stale:
+                want_file = "rebuilt"
+                reasons.append(f"{model.version}/{fname}: " + "; ".join(stale))
+    if unsupported and want_file == "rebuilt":
+        reasons[-1] += f" ({unsupported})"
     if have_cfg is None:
         reasons.append("config.pbtxt absent")
     elif have_cfg != want_cfg:
         reasons.append("config.pbtxt differs from the profile")
     if have_file is None:
         reasons.append(f"{model.version}/{fname} absent")
-    elif have_file != want_file:
+    elif have_file != want_file and want_file != "rebuilt":
         reasons.append(f"{model.version}/{fname} differs from {model.model_file}")
     current = "absent" if have_cfg is None and have_file is None else f"{have_cfg or '-'}/{have_file or '-'}"
     out = {"current": current, "desired": f"{want_cfg}/{want_file}", "reason": "; ".join(reasons)}
@@ -259,13 +271,14 @@ def model_state(t, model) -> dict:
             out["unsupported"] = f"the hkbatch backend: {why}"
     if model.build and model.engine == "tensorrt" and have_file is None:
         from hkgpu_tune.serve import tensorrt
-        if tensorrt.trtexec_path() is None:
-            out["unsupported"] = tensorrt.TRTEXEC_MISSING
+        why = tensorrt.cannot_build(t)
+        if why:
+            out["unsupported"] = why
     return out
 
 
-def repository_state(t) -> dict:
-    return {m.name: model_state(t, m) for m in t.models}
+def repository_state(t, backends=None) -> dict:
+    return {m.name: model_state(t, m, backends) for m in t.models}
 
 
 def write_model(t, model, backends=None) -> list[str]:
@@ -296,8 +309,11 @@ def write_model(t, model, backends=None) -> list[str]:
             written.append(os.path.join(d, batch_backend.LIBRARY))
     if not model.model_file and model.build:
         from hkgpu_tune.serve import tensorrt
-        if tensorrt.build_plan(model.build, target, model, backends, gpu=t.gpu).built:
+        if tensorrt.build_plan(model.build, target, model, backends, gpu=t.gpu, t=t).built:
             written.append(target)
+        bad = tensorrt.check_plan(model, target) if model.engine == "tensorrt" else []
+        if bad:   # Triton's TensorRT backend would refuse it: not loaded
+            raise HkError(f"triton: model {model.name}: {target} does not match the config: {'; '.join(bad)}")
     return written
 
 

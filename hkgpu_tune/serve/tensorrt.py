@@ -1,6 +1,12 @@
-"""TensorRT engines: ONNX -> plan with trtexec, rebuilt only when the ONNX, the flags, the GPU or the
-TensorRT version change (a cache key beside the plan); and a torchvision -> ONNX exporter that
-downloads no weights.
+"""TensorRT engines: ONNX -> plan with trtexec, rebuilt only when the ONNX, the flags, the GPU, the
+driver or the TensorRT version change (a cache key beside the plan); and a torchvision -> ONNX
+exporter that downloads no weights.
+
+The plan's I/O types follow the model's config: trtexec builds every input and output in fp32
+unless told otherwise (--inputIOFormats/--outputIOFormats, trtexec's help in TensorRT's
+samples/trtexec), and Triton's TensorRT backend refuses a plan whose binding types differ from
+config.pbtxt. Builds skip trtexec's benchmark (--skipInference). In the container form trtexec
+runs inside the image that serves the plan (see container.py).
 
 >>> build_plan(Build(onnx="resnet50.onnx"), "repo/resnet50/1/model.plan", model)   # doctest: +SKIP
 BuildResult(built=True, ...)
@@ -10,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import re
 import shutil
 import time
 from dataclasses import dataclass
@@ -18,6 +23,8 @@ from dataclasses import dataclass
 from hkgpu_tune.core.errors import ApplyError, HkError, UnsupportedError
 from hkgpu_tune.core.fsutil import atomic_write
 from hkgpu_tune.backends.command import Command
+from hkgpu_tune.serve.config import IO_TYPES, TRITON_TYPES, io_problem  # noqa: F401 (io_problem: re-exported)
+from hkgpu_tune.serve.container import version_from_banner
 
 TRTEXEC_MISSING = "trtexec not found (TensorRT is not installed on this host); the plan cannot be built here"
 
@@ -52,10 +59,43 @@ def trtexec_path() -> str | None:
 
 
 def tensorrt_version(cmd: Command, exe: str) -> str:
-    """'100300' from trtexec's banner '[TensorRT v100300]'."""
     r = cmd.run([exe, "--help"], timeout=60)
-    m = re.search(r"TensorRT v(\d+)", r.out + r.err)
-    return m.group(1) if m else "unknown"
+    return version_from_banner(r.out + r.err)
+
+
+@dataclass
+class Trtexec:
+    """Where trtexec runs: its argv up to its own flags, and the TensorRT version there."""
+    argv: list
+    version: str
+    where: str = "host"
+
+
+def host_trtexec(cmd: Command | None = None) -> Trtexec:
+    exe = trtexec_path()
+    if exe is None:
+        raise UnsupportedError(TRTEXEC_MISSING)
+    return Trtexec([exe], tensorrt_version(cmd or Command(), exe))
+
+
+def runner(t, build, plan: str, cmd: Command | None = None) -> Trtexec:
+    """The host's trtexec, or in the container form the serving image's (the plan must be built
+    by the TensorRT that loads it)."""
+    if t is not None and getattr(t, "launch", "binary") == "container":
+        from hkgpu_tune.serve import container
+        return Trtexec(*container.image_trtexec(t, build, plan, cmd))
+    return host_trtexec(cmd)
+
+
+def cannot_build(t) -> str | None:
+    """Why no plan can be built for this service here (no trtexec on the host, or in the image)."""
+    if t is not None and getattr(t, "launch", "binary") == "container":
+        from hkgpu_tune.serve import container
+        try:
+            return None if container.facts(t)["tensorrt"] else f"image {t.image} has no trtexec"
+        except HkError as e:
+            return str(e)
+    return None if trtexec_path() else TRTEXEC_MISSING
 
 
 def gpu_name(backends, index: int | None) -> str:
@@ -67,14 +107,32 @@ def gpu_name(backends, index: int | None) -> str:
         return "unknown"
 
 
+def driver_version(backends) -> str:
+    if backends is None:
+        return "unknown"
+    try:
+        return str(backends.nvml.info().get("driver_version") or "unknown")
+    except HkError:
+        return "unknown"
+
+
+def io_formats(tensors: list[dict]) -> str:
+    """trtexec's spec for these tensors, in config order: one type broadcast when all agree, else
+    one per tensor (then the config lists them in the network's order, as trtexec asks)."""
+    types = [IO_TYPES[t["data_type"]] for t in tensors]
+    if len(set(types)) == 1:
+        return f"{types[0]}:chw"
+    return ",".join(f"{x}:chw" for x in types)
+
+
 def _shape(inp: dict, batch: int) -> str:
     dims = [str(batch)] + [str(d) for d in inp.get("dims", [])]
     return f"{inp['name']}:{'x'.join(dims)}"
 
 
 def trtexec_args(build, plan: str, model) -> list[str]:
-    """The flags (ONNX, output, precision, shapes for a dynamic batch)."""
-    args = [f"--onnx={build.onnx}", f"--saveEngine={plan}"]
+    """The flags: ONNX, output, no benchmark, precision, shapes for a dynamic batch, I/O types."""
+    args = [f"--onnx={build.onnx}", f"--saveEngine={plan}", "--skipInference"]
     if build.fp16:
         args.append("--fp16")
     if build.int8:
@@ -84,14 +142,73 @@ def trtexec_args(build, plan: str, model) -> list[str]:
         opt = build.opt_batch or mx
         for flag, b in (("minShapes", build.min_batch), ("optShapes", opt), ("maxShapes", mx)):
             args.append(f"--{flag}=" + ",".join(_shape(i, b) for i in model.inputs))
+    if model.inputs:
+        args.append(f"--inputIOFormats={io_formats(model.inputs)}")
+    if model.outputs:
+        args.append(f"--outputIOFormats={io_formats(model.outputs)}")
     if build.workspace_mib:
         args.append(f"--memPoolSize=workspace:{build.workspace_mib}M")
     return args
 
 
-def cache_key(build, model, args: list[str], gpu: str, trt: str) -> dict:
+def asked_io(model) -> dict:
+    """The binding types a build asks for: {"input": {name: fp16}, "output": {...}}."""
+    return {"input": {t["name"]: IO_TYPES.get(t.get("data_type"), "?") for t in model.inputs},
+            "output": {t["name"]: IO_TYPES.get(t.get("data_type"), "?") for t in model.outputs}}
+
+
+def plan_io(plan: str) -> dict | None:
+    """The plan's binding types as TensorRT exposes them (the tensorrt module's engine
+    inspection), or None where TensorRT's Python module is not installed."""
+    try:
+        import tensorrt as trt
+    except ImportError:
+        return None
+    with open(plan, "rb") as f, trt.Runtime(trt.Logger(trt.Logger.ERROR)) as rt:
+        engine = rt.deserialize_cuda_engine(f.read())
+    if engine is None:
+        raise ApplyError(f"{plan}: TensorRT cannot deserialize this plan")
+    names = {trt.DataType.FLOAT: "fp32", trt.DataType.HALF: "fp16", trt.DataType.INT8: "int8",
+             trt.DataType.INT32: "int32", trt.DataType.BOOL: "bool"}
+    for attr, name in (("BF16", "bf16"), ("INT64", "int64"), ("UINT8", "uint8")):
+        if hasattr(trt.DataType, attr):
+            names[getattr(trt.DataType, attr)] = name
+    out = {"input": {}, "output": {}}
+    for i in range(engine.num_io_tensors):
+        n = engine.get_tensor_name(i)
+        io = "input" if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT else "output"
+        out[io][n] = names.get(engine.get_tensor_dtype(n), str(engine.get_tensor_dtype(n)))
+    return out
+
+
+def binding_problems(model, have: dict) -> list[str]:
+    """Where the plan's bindings and the config disagree, in the words of Triton's TensorRT backend."""
+    out = []
+    for io, tensors in (("input", model.inputs), ("output", model.outputs)):
+        for t in tensors:
+            got = have.get(io, {}).get(t["name"])
+            if got is None:
+                out.append(f"the plan has no {io} '{t['name']}'")
+            elif TRITON_TYPES.get(got) != t.get("data_type"):
+                out.append(f"unexpected datatype {TRITON_TYPES.get(got, got)} for inference {io} "
+                           f"'{t['name']}', expecting {t.get('data_type')}")
+    return out
+
+
+def check_plan(model, plan: str) -> list[str]:
+    """The built plan's bindings against the config, before Triton loads it: read from the plan
+    where TensorRT's Python module is installed, else from what the build asked (its key record)."""
+    have = plan_io(plan)
+    if have is None:
+        have = (_old_key(plan) or {}).get("io")
+        if not isinstance(have, dict):
+            return ["the plan has no record of its I/O types (built before they were checked)"]
+    return binding_problems(model, have)
+
+
+def cache_key(build, model, args: list[str], gpu: str, trt: str, driver: str = "unknown") -> dict:
     flags = [a for a in args if not a.startswith(("--onnx=", "--saveEngine=", "--calib="))]
-    return {"onnx_sha256": _sha_file(build.onnx), "flags": flags, "gpu": gpu, "tensorrt": trt,
+    return {"onnx_sha256": _sha_file(build.onnx), "flags": flags, "gpu": gpu, "tensorrt": trt, "driver": driver,
             "calibration_sha256": _sha_file(build.calibration_cache) if build.calibration_cache else None}
 
 
@@ -99,38 +216,77 @@ def key_path(plan: str) -> str:
     return plan + ".key.json"
 
 
-def build_plan(build, plan: str, model, backends=None, cmd: Command | None = None, gpu: int | None = 0,
-               force: bool = False) -> BuildResult:
-    """Build `plan` from build.onnx unless the key beside it matches. Raises UnsupportedError without trtexec."""
-    exe = trtexec_path()
-    if exe is None:
-        raise UnsupportedError(f"{model.name}: {TRTEXEC_MISSING}")
-    cmd = cmd or Command()
-    args = trtexec_args(build, plan, model)
-    key = cache_key(build, model, args, gpu_name(backends, gpu), tensorrt_version(cmd, exe))
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+def _old_key(plan: str) -> dict | None:
     try:
         with open(key_path(plan)) as f:
             old = json.load(f)
+        return old if isinstance(old, dict) else None
     except (FileNotFoundError, ValueError):
-        old = None
-    if not force and old and old.get("key") == key and os.path.isfile(plan):
+        return None
+
+
+def stale(plan: str, key: dict) -> list[str]:
+    """Why the plan at `plan` is not the one `key` builds ([] when it is)."""
+    old = _old_key(plan)
+    if not os.path.isfile(plan):
+        return ["no plan yet"]
+    if old is None or not isinstance(old.get("key"), dict):
+        return ["no cache key beside the plan"]
+    return [k for k in key if old["key"].get(k) != key[k]]
+
+
+def plan_status(t, model, backends=None, cmd: Command | None = None) -> list[str]:
+    """What makes the model's built plan stale: the key's parts that changed (ONNX or calibration
+    sha256, flags, GPU, driver, TensorRT) and bindings that disagree with the config. Raises
+    UnsupportedError where no trtexec can run."""
+    from hkgpu_tune.serve.config import model_filename
+    plan = os.path.join(t.model_repository, model.name, str(model.version), model_filename(model))
+    run = runner(t, model.build, plan, cmd)
+    gpu = t.gpu
+    key = cache_key(model.build, model, trtexec_args(model.build, plan, model), gpu_name(backends, gpu),
+                    run.version, driver_version(backends))
+    why = stale(plan, key)
+    if why == ["no plan yet"]:
+        return why
+    out = [f"plan is stale: {', '.join(why)} changed" if why and why[0] in key else why[0]] if why else []
+    if not out:
+        out += check_plan(model, plan)
+    return out
+
+
+def build_plan(build, plan: str, model, backends=None, cmd: Command | None = None, gpu: int | None = 0,
+               force: bool = False, t=None) -> BuildResult:
+    """Build `plan` from build.onnx unless the key beside it matches. Raises UnsupportedError without
+    trtexec, ApplyError when trtexec fails or the plan's bindings do not match the config."""
+    cmd = cmd or Command()
+    try:
+        run = runner(t, build, plan, cmd)
+    except UnsupportedError as e:
+        raise UnsupportedError(f"{model.name}: {e}") from None
+    args = trtexec_args(build, plan, model)
+    key = cache_key(build, model, args, gpu_name(backends, gpu), run.version, driver_version(backends))
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    why = stale(plan, key)
+    if not force and not why:
         return BuildResult(model.name, plan, False, "cache key matches", digest)
-    if old is None or not os.path.isfile(plan):
-        reason = "no plan yet"
-    else:
-        reason = "changed: " + ", ".join(k for k in key if old.get("key", {}).get(k) != key[k]) if not force else "forced"
+    reason = "forced" if force and not why else why[0] if why[0] not in key else "changed: " + ", ".join(why)
     os.makedirs(os.path.dirname(plan) or ".", exist_ok=True)
     tmp = plan + ".building"
     t0 = time.monotonic()
-    r = cmd.run([exe] + trtexec_args(build, tmp, model), timeout=3600)
+    r = cmd.run(run.argv + trtexec_args(build, tmp, model), timeout=3600)
     if r.rc != 0 or not os.path.isfile(tmp):
         tail = "\n".join((r.out + r.err).strip().splitlines()[-8:])
         if os.path.exists(tmp):
             os.unlink(tmp)
-        raise ApplyError(f"{model.name}: trtexec failed (exit {r.rc}):\n{tail}")
+        raise ApplyError(f"{model.name}: trtexec failed (exit {r.rc}, {run.where}):\n{tail}")
+    got = plan_io(tmp)
+    bad = binding_problems(model, got) if got is not None else []
+    if bad:
+        os.unlink(tmp)
+        raise ApplyError(f"{model.name}: the built plan does not match the config: {'; '.join(bad)}")
     os.replace(tmp, plan)
-    atomic_write(key_path(plan), json.dumps({"key": key, "digest": digest, "built": time.time()}, indent=1))
+    atomic_write(key_path(plan), json.dumps({"key": key, "digest": digest, "built": time.time(),
+                                             "io": got or asked_io(model), "where": run.where}, indent=1))
     return BuildResult(model.name, plan, True, reason, digest, round(time.monotonic() - t0, 2))
 
 
@@ -139,7 +295,7 @@ def build_model(t, model, backends=None, force: bool = False) -> BuildResult:
     from hkgpu_tune.serve.config import model_filename
     plan = os.path.join(t.model_repository, model.name, str(model.version), model_filename(model))
     try:
-        return build_plan(model.build, plan, model, backends, gpu=t.gpu, force=force)
+        return build_plan(model.build, plan, model, backends, gpu=t.gpu, force=force, t=t)
     except UnsupportedError as e:
         return BuildResult(model.name, plan, False, "", skipped=str(e).split(": ", 1)[-1])
 

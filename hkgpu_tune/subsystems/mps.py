@@ -206,6 +206,7 @@ class Plugin(Subsystem):
             try:
                 st["health"] = self.mps.health(c.pipe_dir)
                 if st["health"]["alive"]:
+                    st["running"] = self.mps.daemon(c.pipe_dir)
                     for d, _ in c.default_pinned_mem_limit:
                         st["pinned_mem_limit"][d] = self.mps.send(c.pipe_dir, f"get_default_device_pinned_mem_limit {d}")
             except HkError as e:
@@ -250,6 +251,8 @@ class Plugin(Subsystem):
                                    write=want_daemon, data={"systemd": st["systemd"]}))
         if not c.enabled:
             return res
+        if h.get("alive") and st.get("running"):
+            res.append(self._cmp_running(st["running"], st["systemd"]))
         down = "" if h.get("alive") else " (daemon not running: sent after start)"
         if c.default_active_thread_percentage is not None:
             cur, want = h.get("default_active_thread_percentage"), float(c.default_active_thread_percentage)
@@ -275,6 +278,22 @@ class Plugin(Subsystem):
                 res.append(self.result(f"gpu{i}", "compute_mode", mode, "default|exclusive_process", DRIFT,
                                        f"MPS cannot serve a GPU in {mode} mode: set gpu.compute_mode"))
         return res
+
+    def _cmp_running(self, run: dict, systemd: bool):
+        """The running daemon's user, GPUs and log directory against the profile: a daemon started
+        before the unit changed keeps its old ones until it is restarted."""
+        c = self.cfg
+        want = {"user": c.user, "log_dir": c.log_dir}
+        if c.gpus is not None:
+            want["gpus"] = ",".join(str(g) for g in c.gpus)
+        have = {k: run.get(k) for k in want}
+        cur, des = _settings(have), _settings(want)
+        if have == want:
+            return self.result("mps", "running_daemon", cur, des, OK, f"pid {run['pid']}")
+        diff = "; ".join(f"{k} {have[k]!r}, profile {want[k]!r}" for k in want if have[k] != want[k])
+        return self.result("mps", "running_daemon", cur, des, DRIFT,
+                           f"the running daemon (pid {run['pid']}) has {diff} (apply restarts it, and the "
+                           f"Triton service that is its client)", write="restarted", data={"systemd": systemd})
 
     def _cmp_dir(self, key, mode, cur):
         """A missing directory is made (and given to the user); an existing one only has its mode
@@ -312,6 +331,9 @@ class Plugin(Subsystem):
             self.b.systemd.write_unit(data["unit"], value if value not in (None, "differs") else data.get("old"))
             self.b.systemd.daemon_reload()
             return
+        if key == "running_daemon":
+            self.restart(data.get("systemd"))
+            return
         if key == "daemon":
             if value == "running":
                 self.start(data.get("systemd"))
@@ -342,6 +364,30 @@ class Plugin(Subsystem):
         self.configure()
         return self.mps.health(c.pipe_dir)
 
+    def restart(self, use_systemd: bool | None = None) -> dict:
+        """The daemon stopped and started again with the profile's settings. The Triton service
+        that is its client is stopped first and started (and waited for) after: its CUDA context
+        belongs to the old daemon."""
+        from hkgpu_tune.subsystems import triton as triton_sub
+        c = self.cfg
+        if use_systemd is None:
+            use_systemd = self.b.systemd.available()
+        t = triton_sub.section(self.profile) if self.profile.section("triton") is not None else None
+        client = t is not None and t.mps is not None and t.mps.pipe_dir == c.pipe_dir
+        if client:
+            from hkgpu_tune.serve import launch
+            client = launch.status(t, self.b)["active"]
+            if client:
+                launch.stop(t, self.b)
+        if use_systemd:
+            self.b.systemd.stop(c.unit)
+        self.mps.stop(c.pipe_dir)
+        health = self.start(use_systemd)
+        if client:
+            launch.start(t, self.b)
+            launch.wait_ready(t, self.b)
+        return health
+
     def configure(self) -> None:
         c = self.cfg
         if c.default_active_thread_percentage is not None:
@@ -359,3 +405,7 @@ class Plugin(Subsystem):
 
     def health(self) -> dict:
         return self.mps.health(self.cfg.pipe_dir)
+
+
+def _settings(d: dict) -> str:
+    return ", ".join(f"{k} {v}" for k, v in d.items())

@@ -36,7 +36,7 @@ class Plugin(Subsystem):
     def read(self) -> dict:
         from hkgpu_tune.serve import client, launch, render
         t = self.t
-        state = {"repository": render.repository_state(t), "service": launch.status(t, self.b),
+        state = {"repository": render.repository_state(t, self.b), "service": launch.status(t, self.b),
                  "engines": {m.name: engine_facts(m) for m in t.models if m.engine},
                  "ref": self._ref()}
         if state["ref"]["supervisor"] == "systemd":

@@ -284,6 +284,10 @@ def _mps(c: Change) -> None:
         one_of(c.current, "original", ("running", "stopped"))
         one_of(c.desired, "desired", ("running", "stopped"))
         boolean(d.get("systemd"), "data.systemd", none=True)
+    elif c.key == "running_daemon":   # a restart; its original is what the daemon ran with
+        text(c.current, "original", maxlen=1024, none=True)
+        one_of(c.desired, "desired", ("restarted",))
+        boolean(d.get("systemd"), "data.systemd", none=True)
     elif c.key == "default_active_thread_percentage":
         number(c.current, "original", 0, 100, none=True)
         number(c.desired, "desired", 0, 100, none=True)

@@ -63,6 +63,10 @@ class FakeSystemd:
     def daemon_reload(self):
         self.calls.append(("daemon-reload",))
 
+    def stop(self, unit, timeout=60):
+        self.calls.append(("stop", unit))
+        self.active.discard(unit)
+
     def read_unit(self, unit):
         return self.units.get(unit)
 
@@ -154,6 +158,13 @@ class FakeMps:
 
     def stop(self, pipe_dir):
         self.running = False
+
+    def daemon(self, pipe_dir):
+        """What the daemon this fake started runs with (None: not started here)."""
+        if not self.running or not self.starts:
+            return None
+        _, log, gpus, user = self.starts[-1]
+        return {"pid": 100, "user": user, "gpus": None if gpus is None else ",".join(map(str, gpus)), "log_dir": log}
 
 
 def materialize(tree: dict, root) -> str:

@@ -160,3 +160,31 @@ def test_cli_mps_and_placement_without_driver(tmp_path):
     assert "nvidia-cuda-mps-control not found" in start.stderr and not (tmp_path / "pipe").exists()
     pl = subprocess.run(run + ["placement", "--gpu", "0", "--json"], capture_output=True, text=True)
     assert pl.returncode == 0 and json.loads(pl.stdout)["mems"] == []
+
+
+def test_a_changed_unit_restarts_the_running_daemon_under_systemd(tmp_path, h200_facts):
+    """The unit now serves other GPUs than the running daemon was started with: writing the unit
+    and reloading systemd is not enough; the daemon is stopped and started from the new unit."""
+    sd, mps = FakeSystemd(available=True), FakeMps(running=False)
+
+    def enable(unit, now=True):   # the unit's ExecStart starts the daemon with the unit's GPUs
+        sd.calls.append(("enable", unit))
+        sd.active.add(unit)
+        mps.running = True
+        mps.starts.append((f"{tmp_path}/pipe", f"{tmp_path}/log", (0,), USER))
+    sd.enable = enable
+    old = render_unit(profile(text(tmp_path)).section("mps"), "/usr/bin/nvidia-cuda-mps-control", [0])
+    sd.units["nvidia-mps.service"] = old.replace("CUDA_VISIBLE_DEVICES=0", "CUDA_VISIBLE_DEVICES=1")
+    enable("nvidia-mps.service")
+    mps.starts[-1] = (f"{tmp_path}/pipe", f"{tmp_path}/log", (1,), USER)      # running with the old unit's GPU
+    sd.calls.clear()
+    eng = engine(tmp_path, h200_facts, mps, systemd=sd)
+    res = by_key(eng.verify())
+    r = res[("mps", "running_daemon")]
+    assert r.status == "drift" and "gpus '1', profile '0'" in r.reason, r.reason
+    rep = eng.apply()
+    assert not rep.error, rep.error
+    stop = sd.calls.index(("stop", "nvidia-mps.service"))       # the new unit first, then stop and start
+    assert sd.calls.index(("daemon-reload",)) < stop and ("enable", "nvidia-mps.service") in sd.calls[stop:]
+    assert sd.units["nvidia-mps.service"] == old
+    assert by_key(rep.results)[("mps", "running_daemon")].status == "ok"

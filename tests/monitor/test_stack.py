@@ -1,7 +1,9 @@
-"""The monitoring stack for real, on 127.0.0.1: Debian's Prometheus (1 s scrapes, the repo's example
-config and rules) scrapes Debian's node_exporter (textfile collector on a file written by the real
-export, GPUs replayed from the recorded H200, probes over a veth pair in the test's own network
-namespaces) and the CPU tritonserver after real inference requests. Every query of every dashboard
+"""The monitoring stack for real, across network namespaces as on a rack: Debian's Prometheus (1 s
+scrapes, the repo's example config and rules) runs in the monitoring host's namespace and scrapes,
+over a veth pair, the node's namespace: Debian's node_exporter (textfile collector on a file written
+by the real export, GPUs replayed from the recorded H200, probes to the peers) and the CPU
+tritonserver, started by `hkgpu-tune triton start` (its gate sends real inference requests) with its
+metrics bound to the node's address from the profile. Every query of every dashboard
 panel, with its variables resolved through Prometheus, must answer with at least one series; every
 rule must evaluate without error; the replayed XID must fire its alert and a healthy node nothing else."""
 from __future__ import annotations
@@ -65,10 +67,42 @@ def sh(*argv, check=True):
     return p
 
 
+NODE_ADDR = "198.18.0.1"     # hkmon0 in NS_NODE; the monitoring host (Prometheus) is NS_PEER
+
+
+def in_ns(ns, fn):
+    """fn() in a thread that has entered network namespace ns (setns(2) changes only that thread)."""
+    import ctypes
+    import threading
+    out = {}
+
+    def run():
+        fd = os.open(f"/run/netns/{ns}", os.O_RDONLY)
+        try:
+            if ctypes.CDLL(None, use_errno=True).setns(fd, 0x40000000) != 0:   # CLONE_NEWNET
+                raise OSError(ctypes.get_errno(), f"setns {ns}")
+        finally:
+            os.close(fd)
+        try:
+            out["v"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller
+            out["e"] = e
+    th = threading.Thread(target=run)
+    th.start()
+    th.join()
+    if "e" in out:
+        raise out["e"]
+    return out["v"]
+
+
 def get(port, path, **params):
+    """Prometheus's API, from inside the monitoring host's namespace."""
     url = f"http://127.0.0.1:{port}{path}" + ("?" + urllib.parse.urlencode(params, doseq=True) if params else "")
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return json.load(r)
+
+    def fetch():
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return json.load(r)
+    return in_ns(NS_PEER, fetch)
 
 
 def query(port, expr):
@@ -80,15 +114,18 @@ def query(port, expr):
     return d["status"], d.get("data", {}).get("result", d.get("error"))
 
 
-def wait_http(port, path, deadline):
-    while time.monotonic() < deadline:
+def wait_http(ns, host, port, path, deadline):
+    def ok():
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
-                if r.status == 200:
-                    return
+            with urllib.request.urlopen(f"http://{host}:{port}{path}", timeout=2) as r:
+                return r.status == 200
         except OSError:
-            time.sleep(0.2)
-    raise AssertionError(f"127.0.0.1:{port}{path} did not answer in time")
+            return False
+    while time.monotonic() < deadline:
+        if in_ns(ns, ok):
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"{host}:{port}{path} in {ns} did not answer in time")
 
 
 def start(argv, log):
@@ -133,7 +170,7 @@ def ours(root) -> list:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     from hkgpu_tune.core.profile import load_profile
-    from hkgpu_tune.serve import gate, launch, render
+    from hkgpu_tune.serve import launch
 
     t0 = time.monotonic()
     root = tmp_path_factory.mktemp("monstack")
@@ -157,22 +194,23 @@ def stack(tmp_path_factory):
         assert not down, down
         prom_text = (textdir / "hkgpu-tune.prom").read_text()
 
-        # Triton on the CPU with the doubler model, after real requests
+        # Triton on the CPU with the doubler model in the node's namespace, its metrics on the node's
+        # address (the profile's metrics.address); `triton start` runs the gate: real requests
         ports = free_ports(6)
         doc = profile_dict(root, ports[:3])
+        doc["triton"]["metrics"]["address"] = NODE_ADDR
         (root / "triton.yaml").write_text(dump(doc))
         t = load_profile(str(root / "triton.yaml")).section("triton")
-        render.write_repository(t)
-        launch.start(t)
-        launch.wait_ready(t)
-        load = gate.load(t, t.models[0], requests=96, concurrency=8)
-        assert load.errors == 0
+        p = subprocess.run(["ip", "netns", "exec", NS_NODE, sys.executable, "-m", "hkgpu_tune", "triton", "start",
+                            "-p", str(root / "triton.yaml")], capture_output=True, text=True, timeout=120, env=env)
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
 
         # node_exporter and Prometheus on free loopback ports
         ne_port, prom_port = ports[3], ports[4]
         log = open(root / "node_exporter.log", "w")
         logs.append(log)
-        procs.append(start([BINS["prometheus-node-exporter"], f"--web.listen-address=127.0.0.1:{ne_port}",
+        procs.append(start(["ip", "netns", "exec", NS_NODE, BINS["prometheus-node-exporter"],
+                            f"--web.listen-address={NODE_ADDR}:{ne_port}",
                             f"--collector.textfile.directory={textdir}", "--collector.disable-defaults",
                             "--collector.textfile", "--collector.cpu", "--collector.meminfo",
                             "--collector.loadavg", "--collector.netdev", "--collector.netstat"], log))
@@ -184,17 +222,18 @@ def stack(tmp_path_factory):
         (conf / "targets").mkdir()
         labels = {"site": "hk_test", "rack": "rack_test_a01", "node": "test-n01"}
         (conf / "targets" / "node-rack_test_a01.yml").write_text(
-            yaml.safe_dump([{"targets": [f"127.0.0.1:{ne_port}"], "labels": labels}]))
+            yaml.safe_dump([{"targets": [f"{NODE_ADDR}:{ne_port}"], "labels": labels}]))
         (conf / "targets" / "triton-rack_test_a01.yml").write_text(
-            yaml.safe_dump([{"targets": [f"127.0.0.1:{t.metrics.port}"], "labels": labels}]))
+            yaml.safe_dump([{"targets": [f"{t.metrics.address}:{t.metrics.port}"], "labels": labels}]))
         check = sh(BINS["promtool"], "check", "config", str(conf / "prometheus.yml"), check=False)
         log = open(root / "prometheus.log", "w")
         logs.append(log)
-        procs.append(start([BINS["prometheus"], f"--config.file={conf / 'prometheus.yml'}",
+        procs.append(start(["ip", "netns", "exec", NS_PEER, BINS["prometheus"],
+                            f"--config.file={conf / 'prometheus.yml'}",
                             f"--storage.tsdb.path={root / 'tsdb'}", f"--web.listen-address=127.0.0.1:{prom_port}"], log))
         deadline = t0 + 60
-        wait_http(ne_port, "/metrics", deadline)
-        wait_http(prom_port, "/-/ready", deadline)
+        wait_http(NS_NODE, NODE_ADDR, ne_port, "/metrics", deadline)
+        wait_http(NS_PEER, "127.0.0.1", prom_port, "/-/ready", deadline)
         yield {"port": prom_port, "ne_port": ne_port, "t": t, "root": root, "check": check, "text": prom_text,
                "t0": t0, "deadline": t0 + BUDGET_S - 10}
     finally:

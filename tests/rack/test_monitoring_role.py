@@ -97,3 +97,21 @@ def test_role_renders_checks_and_keeps_a_good_file(tmp_path):
     assert r.returncode != 0
     assert "failed to validate" in r.stdout and 'unexpected duration \\"15ms\\"' in r.stdout, r.stdout[-3000:]
     assert (rules / "hkgpu-thresholds.yml").read_text() == before
+
+
+def test_triton_targets_follow_each_nodes_metrics_address(tmp_path):
+    """The scrape target is where the node's Triton binds its metrics (hkgpu_triton_metrics): its
+    address (the node's own for a wildcard) and port; a loopback bind is left out, not scraped."""
+    extra = tmp_path / "metrics.yml"
+    extra.write_text(yaml.safe_dump({"all": {"hosts": {
+        "tko-a01-n01": {"hkgpu_triton_metrics": {"port": 9002, "address": "198.18.7.1"}},
+        "tko-a01-n02": {"hkgpu_triton_metrics": {"port": 8002, "address": "127.0.0.1"}},
+        "tko-a01-n03": {"hkgpu_triton_metrics": {"port": 8012, "address": "0.0.0.0"}}}}}))
+    r = play(tmp_path, "-i", str(extra))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    f = tmp_path / "hkgpu" / "targets" / "triton-rack_tko_a01.yml"
+    text = f.read_text()
+    got = {g["labels"]["node"]: g["targets"][0] for g in yaml.safe_load(text)}
+    assert got == {"tko-a01-n01": "198.18.7.1:9002", "tko-a01-n03": "10.41.1.13:8012",
+                   "tko-a01-n04": "10.41.1.14:8002"}, got
+    assert "tko-a01-n02: Triton's metrics bind 127.0.0.1 (loopback)" in text

@@ -1,0 +1,103 @@
+"""The container form's image, read by running it: the Triton backends it holds, its trtexec and
+TensorRT version, whether its Python has torch. A plan is built by the image's trtexec (the
+TensorRT that loads it), and a model whose backend the image lacks is refused before the start.
+
+>>> facts(t)                                                  # doctest: +SKIP
+{'backends': ['onnxruntime', 'python', 'pytorch', 'tensorrt'], 'tensorrt': '100300', 'torch': None}
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+
+from hkgpu_tune.backends.command import Command
+from hkgpu_tune.core.errors import HkError, UnsupportedError
+
+BACKENDS_DIR = "/opt/tritonserver/backends"   # where NVIDIA's tritonserver images keep them
+# a model's backend or platform -> the backend directory Triton loads it from
+NEEDS = {"tensorrt_plan": "tensorrt", "tensorrt": "tensorrt", "onnxruntime_onnx": "onnxruntime",
+         "onnxruntime": "onnxruntime", "pytorch_libtorch": "pytorch", "pytorch": "pytorch",
+         "tensorflow_savedmodel": "tensorflow", "openvino": "openvino", "python": "python"}
+_FACTS: dict[tuple[str, str], dict] = {}
+
+
+def version_from_banner(text: str) -> str:
+    """'100300' from trtexec's banner '&&&& RUNNING TensorRT.trtexec [TensorRT v100300] # ...'."""
+    m = re.search(r"TensorRT v(\d+)", text)
+    return m.group(1) if m else "unknown"
+
+
+def _run(t, entrypoint: str, args: list[str], cmd: Command, timeout: float = 300):
+    if shutil.which(t.runtime) is None and cmd.which(t.runtime) is None:
+        raise UnsupportedError(f"container runtime {t.runtime} not found")
+    return cmd.run([t.runtime, "run", "--rm", "--entrypoint", entrypoint, t.image, *args], timeout=timeout)
+
+
+def facts(t, cmd: Command | None = None) -> dict:
+    """What the image holds (once per process and image)."""
+    key = (t.runtime, t.image)
+    if key in _FACTS:
+        return _FACTS[key]
+    cmd = cmd or Command()
+    r = _run(t, "ls", [BACKENDS_DIR], cmd)
+    if r.rc != 0:
+        raise HkError(f"triton: cannot list {BACKENDS_DIR} in image {t.image}: "
+                      f"{(r.err or r.out).strip().splitlines()[-1:] or ['exit ' + str(r.rc)]}")
+    out = {"backends": sorted(r.out.split())}
+    r = _run(t, "trtexec", ["--help"], cmd)
+    out["tensorrt"] = version_from_banner(r.out + r.err) if r.rc == 0 else None
+    r = _run(t, "python3", ["-c", "import torch; print(torch.__version__)"], cmd)
+    out["torch"] = r.out.strip().splitlines()[-1] if r.rc == 0 and r.out.strip() else None
+    _FACTS[key] = out
+    return out
+
+
+def forget() -> None:
+    """Read images again (after a pull)."""
+    _FACTS.clear()
+
+
+def image_trtexec(t, build, plan: str, cmd: Command | None = None):
+    """trtexec in the serving image, with the ONNX, calibration and plan directories mounted at the
+    same paths and the service's GPUs: (argv up to trtexec's flags, TensorRT version, where)."""
+    from hkgpu_tune.serve.forms import visible_gpus
+    cmd = cmd or Command()
+    f = facts(t, cmd)
+    if not f["tensorrt"]:
+        raise UnsupportedError(f"image {t.image} has no trtexec: the plan cannot be built with the TensorRT "
+                               f"that serves it")
+    argv = [t.runtime, "run", "--rm"]
+    devs = visible_gpus(t, host=True)
+    if devs:
+        argv += ["--gpus", f"device={devs}" if "," not in devs else f'"device={devs}"']
+    ro = [os.path.dirname(os.path.abspath(p)) for p in (build.onnx, build.calibration_cache) if p]
+    rw = os.path.dirname(os.path.abspath(plan))
+    for d in dict.fromkeys(ro):
+        if d != rw:
+            argv += ["--volume", f"{d}:{d}:ro"]
+    argv += ["--volume", f"{rw}:{rw}", "--entrypoint", "trtexec", t.image]
+    return argv, f["tensorrt"], f"image {t.image}"
+
+
+def needs(model) -> list[str]:
+    """What a model needs of the image: its backend, and torch for the torch engine."""
+    out = [NEEDS.get(model.backend, model.backend)]
+    if model.engine == "torch":
+        out.append("torch")
+    return out
+
+
+def check_image(t, cmd: Command | None = None) -> None:
+    """Each model's backend (and torch for the torch engine) in the image, before the start: one
+    line naming the model and what is missing."""
+    f = facts(t, cmd)
+    for m in t.models:
+        for need in needs(m):
+            if need == "torch":
+                if not f["torch"]:
+                    raise HkError(f"triton: model {m.name} (the torch engine) needs torch in image {t.image}, "
+                                  f"whose Python has none (use an image with torch, or a TensorRT plan)")
+            elif need not in f["backends"]:
+                raise HkError(f"triton: model {m.name} needs the {need} backend, which image {t.image} lacks "
+                              f"(it has: {', '.join(f['backends']) or 'none'})")
