@@ -331,6 +331,13 @@ def _triton(c: Change) -> None:
                 check_record(c.data)
             except StateError as e:
                 _fail(str(e))
+    if c.key == "command":   # a respawn record: only a Triton server command (serve.records)
+        from hkgpu_tune.core.errors import HkError
+        from hkgpu_tune.serve.records import check_record
+        try:
+            check_record(c.data.get("before"))
+        except HkError as e:
+            _fail(str(e))
     plain(c.current, "original")
     plain(c.desired, "desired")
 
