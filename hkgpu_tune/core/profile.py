@@ -381,6 +381,7 @@ class Profile:
     description: str = ""
     sections: dict[str, Any] = field(default_factory=dict)
     source: str = "--profile"   # why this profile was used: a key of SOURCES
+    text: str = field(default="", repr=False)   # what was parsed (persist copies exactly this)
 
     @property
     def label(self) -> str:
@@ -418,7 +419,7 @@ def parse_profile_text(text: str, file: str = "<profile>") -> Profile:
     check_tree(root, file)
     top = Node(root, file, "")
     m = top.mapping(sorted(set(SECTIONS) | {"name", "description"}))
-    prof = Profile(path=file)
+    prof = Profile(path=file, text=text)
     if "name" in m:
         prof.name = m["name"].string(r"[A-Za-z0-9_.@+-]{1,64}", "a name (letters, digits, '_.@+-', at most 64)")
     if "description" in m:
