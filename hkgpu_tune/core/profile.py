@@ -325,6 +325,21 @@ def valid_sysctl_key(key: str) -> bool:
             and os.path.normpath(sysctl_path(key)) == sysctl_path(key))
 
 
+def _check_shape(key: str, value: str, n: Node) -> None:
+    """The value's shape against what this kernel has under that name: a directory of the tree is
+    no setting, and a key holding one value takes one (a list or several words are refused)."""
+    path = sysctl_path(key)
+    if os.path.isdir(path):
+        raise n.error(f"{key} is a directory of /proc/sys, not a setting (name one below it, e.g. {key}.<name>)")
+    try:
+        with open(path) as f:
+            cur = f.read(4096)
+    except OSError:
+        return   # absent or unreadable here: plan reports it unsupported
+    if len(cur.split()) == 1 and len(value.split()) != 1:
+        raise n.error(f"{key} takes one value on this kernel, got {len(value.split())}: {value!r}")
+
+
 def parse_sysctl(n: Node) -> list[SysctlSetting]:
     out = []
     for key, v in n.mapping().items():
@@ -346,6 +361,7 @@ def parse_sysctl(n: Node) -> list[SysctlSetting]:
             value = _sysctl_value(v)
         if len(value) > SYSCTL_VALUE_MAX:
             raise v.error(f"a sysctl value longer than {SYSCTL_VALUE_MAX} characters")
+        _check_shape(key, value, v)
         if compare == "at_least" and not all(t.lstrip("-").isdigit() for t in value.split()):
             raise v.error(f"'at_least' needs numbers, got {value!r}")
         out.append(SysctlSetting(key, value, compare, optional, v.line))
