@@ -137,13 +137,13 @@ class Match:
     mac: str | None = None
     driver: str | None = None
     pci: str | None = None
-    default_route: bool = False
+    default_route: bool | None = None   # None: either; False: only links without the default route
 
     def describe(self) -> str:
         parts = [f"{k}={v}" for k, v in (("name", self.name), ("mac", self.mac),
                                          ("driver", self.driver), ("pci", self.pci)) if v]
-        if self.default_route:
-            parts.append("default_route")
+        if self.default_route is not None:
+            parts.append("default_route" if self.default_route else "not default_route")
         return ",".join(parts)
 
 
@@ -218,7 +218,7 @@ def parse_network(n: Node) -> Network:
             mac=mm["mac"].string(MAC_RE, "a MAC address like 0c:42:a1:00:00:01").lower() if "mac" in mm else None,
             driver=mm["driver"].string(r"[A-Za-z0-9_.-]{1,32}", "a driver name") if "driver" in mm else None,
             pci=mm["pci"].string(PCI_RE, "a PCI address like 0000:3b:00.0").lower() if "pci" in mm else None,
-            default_route=mm["default_route"].boolean() if "default_route" in mm else False,
+            default_route=mm["default_route"].boolean() if "default_route" in mm else None,
         )
         if match.pci and len(match.pci) == 7:
             match = Match(match.name, match.mac, match.driver, "0000:" + match.pci, match.default_route)
