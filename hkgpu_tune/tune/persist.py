@@ -364,8 +364,19 @@ def entry_point() -> list[str]:
     raise HkError("persist: no hkgpu-tune entry point found by absolute path")
 
 
-def boot_unit(exe: list[str] | str, only: list[str]) -> str:
+def device_unit(ifname: str) -> str:
+    """The systemd device unit of a network interface (systemd-escape --path)."""
+    esc = "".join(c if c.isalnum() or c in ":_" or (c == "." and i) else f"\\x{ord(c):02x}"
+                  for i, c in enumerate(ifname))
+    return f"sys-subsystem-net-devices-{esc}.device"
+
+
+def boot_unit(exe: list[str] | str, only: list[str], devices=()) -> str:
+    """The boot unit. It waits for the interfaces it tunes (their device units: each at most
+    systemd's device timeout), not for systemd-udev-settle, which is deprecated and waits for all."""
     exe = [exe] if isinstance(exe, str) else exe
+    devs = " ".join(device_unit(d) for d in dict.fromkeys(devices))
+    wait = f"\nWants={devs}\nAfter={devs}" if devs else ""
 
     def ex(*args):
         return unitfile.exec_line([*exe, *args], "boot unit command")
@@ -373,8 +384,8 @@ def boot_unit(exe: list[str] | str, only: list[str]) -> str:
 [Unit]
 Description=hkgpu-tune: re-apply runtime NIC settings, then verify and export the metrics
 DefaultDependencies=no
-After=systemd-udev-settle.service systemd-sysctl.service network-pre.target nvidia-persistenced.service
-Wants=network-pre.target
+After=systemd-udev-trigger.service systemd-sysctl.service network-pre.target nvidia-persistenced.service
+Wants=network-pre.target{wait}
 Before=network-online.target shutdown.target
 Conflicts=shutdown.target
 
@@ -446,7 +457,8 @@ def _persist(engine, profile, root, profile_path) -> list[str]:
         only = (["link"] if boot_link else []) + runtime
         if only:
             exe = entry_point()
-            done.append("unit: " + w.write(UNIT_FILE, boot_unit(exe, only)))
+            devices = [ln["name"] for ln, _, _ in owners] if "link" in engine.by_name else []
+            done.append("unit: " + w.write(UNIT_FILE, boot_unit(exe, only, devices)))
             done.append("enabled: " + w.link(WANTS_LINK, f"/{UNIT_FILE}"))
             if root == "/" and os.path.isdir("/run/systemd/system"):
                 engine.b.cmd.run(["systemctl", "daemon-reload"])
