@@ -68,3 +68,25 @@ def check_record_paths(rec: dict) -> None:
         for p in (v.split(":") if k in _PATH_ENV else ()):
             if p and os.path.lexists(p):
                 check_trusted(os.path.abspath(p), f"{k} entry of the saved command")
+
+
+def check_unit_text(text) -> None:
+    """A unit's text read back from the state file (rollback writes it into /etc/systemd/system,
+    where root runs it): a Triton unit this tool rendered, whose every Exec program (by absolute
+    path, quoted or not) passes the trust rule. HkError otherwise."""
+    if not isinstance(text, str) or "\nDescription=Triton Inference Server (hkgpu-tune)\n" not in text:
+        raise HkError("triton: the saved unit is not one hkgpu-tune rendered: refused")
+    for line in text.splitlines():
+        key, _, val = line.partition("=")
+        if not key.startswith("Exec"):
+            continue
+        val = val.lstrip("-@:+!")
+        prog = val[1:].split('"', 1)[0] if val.startswith('"') else val.split(None, 1)[0] if val.split() else ""
+        prog = prog.replace("\\\\", "\\").replace("%%", "%")
+        if not os.path.isabs(prog):
+            raise HkError(f"triton: the saved unit runs {prog!r}, not a program by absolute path: refused")
+        # a program not there (yet) may be put there only by whoever can write its directory
+        if os.path.lexists(prog):
+            check_trusted(prog, "program of the saved unit")
+        else:
+            check_trusted(os.path.dirname(prog), "directory of the saved unit's program")

@@ -25,7 +25,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: files of 
 
 def section(tmp_path, **top):
     doc = profile_dict(tmp_path, (18000, 18001, 18002))
-    doc["triton"].update(supervisor="process", **top)
+    doc["triton"].update({"supervisor": "process", **top})
     from hkgpu_tune.serve.config import section as sec
     return sec(parse_profile_text(dump(doc), str(tmp_path / "p.yaml")))
 
@@ -148,3 +148,21 @@ def test_a_saved_command_whose_program_another_user_owns_is_not_run(tmp_path):
     with pytest.raises(HkError, match="uid 65534"):
         launch.respawn(launch.ServiceRef.of(t), rec)
     assert not (tmp_path / "ran").exists()
+
+
+def test_a_saved_unit_rollback_would_write_runs_only_trusted_programs(tmp_path):
+    """The `unit` entry keeps the unit text rollback writes back into /etc/systemd/system: only a
+    unit this tool rendered, every Exec program by absolute path and trusted."""
+    t = section(tmp_path, user="triton-server", supervisor="systemd")
+    rendered = launch.render_unit(t, {"cpus": [], "mems": [], "source": "test"})
+    records.check_unit_text(rendered)
+    os.chmod(tmp_path, 0o755)
+    evil = tmp_path / "evil"
+    evil.write_text("#!/bin/sh\n")
+    os.chown(evil, NOBODY, -1)
+    exec_line = next(ln for ln in rendered.splitlines() if ln.startswith("ExecStart="))
+    for bad, why in ((rendered.replace(exec_line, f"ExecStart={evil} --x"), "uid 65534"),
+                     (rendered + "ExecStartPost=sh -c id\n", "not a program by absolute path"),
+                     ("[Service]\nExecStart=/bin/true\n", "not one hkgpu-tune rendered")):
+        with pytest.raises(HkError, match=why):
+            records.check_unit_text(bad)
