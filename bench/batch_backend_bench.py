@@ -40,6 +40,7 @@ def main() -> int:
     http, grpc, metrics = free_ports(3)
     doc = {"name": "hkbatch-bench", "triton": {
         "server": "pytriton", "model_repository": f"{root}/models", "run_dir": f"{root}/run", "gpu": None,
+        "user": "root",   # named: the bench machines have no unprivileged server user
         "http": {"port": http}, "grpc": {"port": grpc}, "metrics": {"port": metrics},
         "models": [model("python", "python", args.instances), model("hkbatch", "hkbatch", args.instances)],
         "gate": {"ready_timeout_s": 60, "warmup_requests": 2, "load": {"requests": 16, "concurrency": 4}}}}

@@ -35,6 +35,7 @@ def profile(root, delay_us):
     http, grpc, metrics = free_ports(3)
     return {"triton": {
         "server": "pytriton", "model_repository": f"{root}/models", "run_dir": f"{root}/run", "gpu": None,
+        "user": "root",   # named: the bench machines have no unprivileged server user
         "http": {"port": http}, "grpc": {"port": grpc}, "metrics": {"port": metrics},
         "models": [{"name": "doubler", "backend": "python", "model_file": os.path.abspath(MODEL_PY),
                     "max_batch_size": 16,

@@ -6,15 +6,20 @@
 """
 from hkgpu_tune.core.version import __version__  # noqa: E402,F401
 
-from hkgpu_tune.core.errors import ApplyError, HkError, ProfileError, StateError, UnsupportedError  # noqa: E402
-from hkgpu_tune.core.profile import Profile, load_profile, parse_profile_text  # noqa: E402
-from hkgpu_tune.core.report import Change, Result  # noqa: E402
+# everything else loads on first use: `import hkgpu_tune` (and the command's start, where a SIGINT
+# must find hkgpu_tune.__main__'s handler in place) stays light
+_LAZY = {"Engine": "hkgpu_tune.tune.engine", "ApplyError": "hkgpu_tune.core.errors",
+         "HkError": "hkgpu_tune.core.errors", "ProfileError": "hkgpu_tune.core.errors",
+         "StateError": "hkgpu_tune.core.errors", "UnsupportedError": "hkgpu_tune.core.errors",
+         "Profile": "hkgpu_tune.core.profile", "load_profile": "hkgpu_tune.core.profile",
+         "parse_profile_text": "hkgpu_tune.core.profile", "Change": "hkgpu_tune.core.report",
+         "Result": "hkgpu_tune.core.report"}
 
 
-def __getattr__(name):  # keep `import hkgpu_tune` light: the engine loads on first use
-    if name == "Engine":
-        from hkgpu_tune.tune.engine import Engine
-        return Engine
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(name)
 
 

@@ -36,3 +36,17 @@ def run_testinfra(inventory: str, timeout: int = 600) -> subprocess.CompletedPro
                            os.path.join(REPO, "tests", "infra"), "--hosts=ansible://all",
                            f"--ansible-inventory={inventory}"],
                           capture_output=True, text=True, cwd=REPO, timeout=timeout)
+
+
+def role_filters() -> dict:
+    """The Jinja filters the collection ships (plugins/filter), by their full names, for tests that
+    render a role's templates with plain jinja2 as Ansible would."""
+    import glob
+    import importlib.util
+    out = {}
+    for path in sorted(glob.glob(os.path.join(REPO, "collections", "ansible_collections", "hkgpu", "tune", "plugins", "filter", "*.py"))):
+        spec = importlib.util.spec_from_file_location(f"_role_filter_{os.path.basename(path)[:-3]}", path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        out.update({f"hkgpu.tune.{k}": v for k, v in mod.FilterModule().filters().items()})
+    return out

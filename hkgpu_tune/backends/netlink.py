@@ -248,8 +248,9 @@ class Net:
         exactly r's attributes: gateway, oif, proto, scope, type and mtu (None: no MTU metric)."""
         dst, plen = r["dst"].split("/")
         fam = socket.AF_INET6 if ":" in dst else socket.AF_INET
-        args = {"dst": dst, "dst_len": int(plen), "family": fam, "table": r.get("table", 254),
-                "priority": r.get("priority") or 0}
+        args = {"dst": dst, "dst_len": int(plen), "family": fam, "table": r.get("table", 254)}
+        if r.get("priority") is not None:   # None: the kernel's default metric (IPv6: 1024)
+            args["priority"] = r["priority"]
         what = f"route {r['dst']}"
         try:
             if delete:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import math
 import statistics
 from dataclasses import asdict, dataclass, field
 
@@ -91,6 +92,8 @@ class Metric:
 def _nums(xs, where: str) -> list[float]:
     if not isinstance(xs, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in xs):
         raise SnapshotError(f"{where}: expected a list of numbers")
+    if not all(math.isfinite(x) for x in xs):
+        raise SnapshotError(f"{where}: NaN or infinity is not a measurement")
     return [float(x) for x in xs]
 
 
@@ -99,6 +102,8 @@ def _num(v, where: str) -> float | None:
         return None
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise SnapshotError(f"{where}: expected a number, got {type(v).__name__}")
+    if not math.isfinite(v):
+        raise SnapshotError(f"{where}: NaN or infinity is not a number here")
     return float(v)
 
 
@@ -238,14 +243,21 @@ def recorded_thresholds(snap: Snapshot) -> dict:
         if kind in th:   # else a kind a newer hkgpu-tune knows
             where = f"{snap.path}: thresholds.{kind}"
             t = _row(t, where)
-            th[kind] = settings.Threshold(_num(t.get("pct"), where + ".pct"), _num(t.get("abs"), where + ".abs"))
+            pct, ab = _num(t.get("pct"), where + ".pct"), _num(t.get("abs"), where + ".abs")
+            for name, v, hi in (("pct", pct, 1000.0), ("abs", ab, 1e12)):
+                if v is not None and not 0 <= v <= hi:
+                    raise SnapshotError(f"{where}.{name}: {v:g} is out of range (0-{hi:g})")
+            th[kind] = settings.Threshold(pct, ab)
     return th
 
 
 def compare(before: Snapshot, after: Snapshot, cfg: settings.Settings | None = None,
             allow_other_host: bool = False) -> Comparison:
-    """cfg None: the thresholds the after snapshot recorded (its node's profile at capture)."""
-    cfg = cfg or settings.Settings(thresholds=recorded_thresholds(after))
+    """cfg None: the thresholds the baseline (the before snapshot) recorded, its node's profile at
+    capture: never the candidate's, which could excuse its own regression. Both are read, so a bad
+    figure in either is an error naming its file and key."""
+    recorded_thresholds(after)
+    cfg = cfg or settings.Settings(thresholds=recorded_thresholds(before))
     cmp = Comparison(before, after)
     if before.host != after.host:
         msg = f"{after.path}: host: {after.host!r}, but {before.path} is from {before.host!r}"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import os
 import subprocess
 import time
 from dataclasses import asdict, dataclass, field
@@ -122,16 +123,24 @@ def serve(port: int = 5201, seconds: float = 600, one_off: bool = False, bind: s
     def stop(signum, frame):
         raise Stopped()
     main = threading.current_thread() is threading.main_thread()
-    old = signal.signal(signal.SIGTERM, stop) if main else None   # a stop signal still ends iperf3 -s
+    ends = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+    old = {s: signal.signal(s, stop) for s in ends} if main else {}   # a stop signal still ends iperf3 -s
+
+    def bound():   # in the child: iperf3 dies with this process, whatever kills it (SIGKILL included)
+        import ctypes
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)   # PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os._exit(1)
+    parent = os.getpid()
     with tempfile.TemporaryFile() as err:
-        p = subprocess.Popen(argv, stdout=out or subprocess.DEVNULL, stderr=err)
+        p = subprocess.Popen(argv, stdout=out or subprocess.DEVNULL, stderr=err, preexec_fn=bound)
         try:
             rc = p.wait(timeout=seconds)
         except (subprocess.TimeoutExpired, Stopped):
             rc = 0
         finally:
-            if main:
-                signal.signal(signal.SIGTERM, old)
+            for sig, h in old.items():
+                signal.signal(sig, h)
             if p.poll() is None:
                 p.terminate()
                 try:

@@ -116,6 +116,9 @@ def run_apply(ctx: Context) -> int:
     if ctx.args.dry_run:
         return run_plan(ctx)
     eng = ctx.engine
+    if ctx.args.persist:   # what persist would refuse is refused before anything changes
+        from hkgpu_tune.tune.persist import precheck
+        precheck(eng)
     rep = eng.apply()
     persisted = []
     if not rep.error and ctx.args.persist:

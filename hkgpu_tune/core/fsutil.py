@@ -78,6 +78,57 @@ def atomic_write(path: str, data, mode: int = 0o644, uid: int | None = None,
                 pass
 
 
+
+def _open_to_others(st: os.stat_result) -> bool:
+    """Writable by a user other than root and the owner: world-writable, or group-writable with a
+    group other than root's. A root-owned sticky directory (/tmp) is not: others may add entries
+    but never replace one they do not own."""
+    if stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX and st.st_uid == 0:
+        return False
+    return bool(st.st_mode & 0o002 or (st.st_mode & 0o020 and st.st_gid != 0))
+
+
+def _prefixes(path: str) -> list[str]:
+    parts = os.path.normpath(path).split("/")[1:]
+    return ["/"] + ["/" + "/".join(parts[:i]) for i in range(1, len(parts) + 1) if parts[i - 1]]
+
+
+def untrusted_reason(path: str, what: str = "file") -> str | None:
+    """Why root must not run, source, copy into /etc, kill on the word of, or act on `path` (None:
+    it may). One rule for every surface: every component of the path, each link on it, and every
+    component of what it resolves to is owned by root or the user running the tool, and no one
+    else can write it (a root-owned sticky directory such as /tmp excepted)."""
+    owners = {0, os.geteuid()}
+    if not isinstance(path, str) or not os.path.isabs(path):
+        return f"{path}: the {what} is not an absolute path"
+    real = os.path.realpath(path)
+    seen = set()
+    for p in _prefixes(path) + _prefixes(real):
+        if p in seen:
+            continue
+        seen.add(p)
+        kind = what if p in (os.path.normpath(path), real) else "directory"
+        try:
+            st = os.lstat(p)
+        except FileNotFoundError:
+            return f"{p}: the {kind} does not exist"
+        except OSError as e:
+            return f"{p}: cannot check the {kind}: {e.strerror}"
+        if st.st_uid not in owners:
+            return f"{p}: the {kind} is owned by uid {st.st_uid}, not root"
+        if not stat.S_ISLNK(st.st_mode) and _open_to_others(st):
+            return (f"{p}: the {kind} is writable by other users (mode {stat.S_IMODE(st.st_mode):04o}, "
+                    f"group {st.st_gid})")
+    return None
+
+
+def check_trusted(path: str, what: str = "file", error=HkError) -> None:
+    """untrusted_reason() as an exception (HkError unless `error` names another)."""
+    why = untrusted_reason(path, what)
+    if why:
+        raise error(f"{why}: refused (root acts only on what no other user owns or can write)")
+
+
 class _Pinned:
     """A file read in chunks while its sha256 is taken; at the end, HkError unless it is `sha256`."""
 

@@ -31,7 +31,7 @@ def matches(match, link: dict) -> bool:
         not mac or mac in (link.get("mac"), link.get("perm_mac")),
         not match.driver or link.get("driver") == match.driver,
         not match.pci or link.get("pci") == match.pci,
-        not match.default_route or bool(link.get("default_route")),
+        match.default_route is None or bool(link.get("default_route")) == match.default_route,
     ))
 
 

@@ -137,13 +137,13 @@ class Match:
     mac: str | None = None
     driver: str | None = None
     pci: str | None = None
-    default_route: bool = False
+    default_route: bool | None = None   # None: either; False: only links without the default route
 
     def describe(self) -> str:
         parts = [f"{k}={v}" for k, v in (("name", self.name), ("mac", self.mac),
                                          ("driver", self.driver), ("pci", self.pci)) if v]
-        if self.default_route:
-            parts.append("default_route")
+        if self.default_route is not None:
+            parts.append("default_route" if self.default_route else "not default_route")
         return ",".join(parts)
 
 
@@ -218,7 +218,7 @@ def parse_network(n: Node) -> Network:
             mac=mm["mac"].string(MAC_RE, "a MAC address like 0c:42:a1:00:00:01").lower() if "mac" in mm else None,
             driver=mm["driver"].string(r"[A-Za-z0-9_.-]{1,32}", "a driver name") if "driver" in mm else None,
             pci=mm["pci"].string(PCI_RE, "a PCI address like 0000:3b:00.0").lower() if "pci" in mm else None,
-            default_route=mm["default_route"].boolean() if "default_route" in mm else False,
+            default_route=mm["default_route"].boolean() if "default_route" in mm else None,
         )
         if match.pci and len(match.pci) == 7:
             match = Match(match.name, match.mac, match.driver, "0000:" + match.pci, match.default_route)
@@ -325,6 +325,21 @@ def valid_sysctl_key(key: str) -> bool:
             and os.path.normpath(sysctl_path(key)) == sysctl_path(key))
 
 
+def _check_shape(key: str, value: str, n: Node) -> None:
+    """The value's shape against what this kernel has under that name: a directory of the tree is
+    no setting, and a key holding one value takes one (a list or several words are refused)."""
+    path = sysctl_path(key)
+    if os.path.isdir(path):
+        raise n.error(f"{key} is a directory of /proc/sys, not a setting (name one below it, e.g. {key}.<name>)")
+    try:
+        with open(path) as f:
+            cur = f.read(4096)
+    except OSError:
+        return   # absent or unreadable here: plan reports it unsupported
+    if len(cur.split()) == 1 and len(value.split()) != 1:
+        raise n.error(f"{key} takes one value on this kernel, got {len(value.split())}: {value!r}")
+
+
 def parse_sysctl(n: Node) -> list[SysctlSetting]:
     out = []
     for key, v in n.mapping().items():
@@ -350,6 +365,7 @@ def parse_sysctl(n: Node) -> list[SysctlSetting]:
             value = _sysctl_value(v)
         if len(value) > SYSCTL_VALUE_MAX:
             raise v.error(f"a sysctl value longer than {SYSCTL_VALUE_MAX} characters")
+        _check_shape(key, value, v)
         if compare == "at_least" and not all(t.lstrip("-").isdigit() for t in value.split()):
             raise v.error(f"'at_least' needs numbers, got {value!r}")
         out.append(SysctlSetting(key, value, compare, optional, v.line))
@@ -386,6 +402,7 @@ class Profile:
     description: str = ""
     sections: dict[str, Any] = field(default_factory=dict)
     source: str = "--profile"   # why this profile was used: a key of SOURCES
+    text: str = field(default="", repr=False)   # what was parsed (persist copies exactly this)
 
     @property
     def label(self) -> str:
@@ -423,7 +440,7 @@ def parse_profile_text(text: str, file: str = "<profile>") -> Profile:
     check_tree(root, file)
     top = Node(root, file, "")
     m = top.mapping(sorted(set(SECTIONS) | {"name", "description"}))
-    prof = Profile(path=file)
+    prof = Profile(path=file, text=text)
     if "name" in m:
         prof.name = m["name"].string(r"[A-Za-z0-9_.@+-]{1,64}", "a name (letters, digits, '_.@+-', at most 64)")
     if "description" in m:

@@ -66,6 +66,13 @@ class Change:
     def ident(self):
         return (self.subsystem, self.target, self.key)
 
+    @property
+    def setting(self):
+        """ident and where the setting lives (host, network namespace, device: core.place), when
+        that was recorded: a replaced device or another namespace is another setting."""
+        from hkgpu_tune.core.place import key
+        return self.ident + key(self.data)
+
 
 def exit_code(results) -> int:
     if any(r.status == ERROR for r in results):

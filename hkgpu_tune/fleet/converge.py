@@ -131,16 +131,18 @@ def _failure_lines(results) -> str:
                      f"desired {r.desired}{' (' + r.reason + ')' if r.reason else ''}" for r in results if r.failed)
 
 
-def _rollback(check: bool, state_dir: str) -> dict:
+def _rollback(check: bool, state_dir: str, only: list[str] | None = None) -> dict:
+    """Restore the saved originals; `only`: just those subsystems ("persist": the files of
+    --persist, which go only when it is named or nothing is)."""
     from hkgpu_tune.tune.engine import Engine
     from hkgpu_tune.tune.persist import unpersist
     eng = Engine(parse_profile_text("name: rollback\n", "<rollback>"), state_dir=state_dir)
     try:
-        saved = eng.state.load()
+        saved = [c for c in eng.state.load() if not only or c.subsystem in only]
         if check:
             return {"changed": bool(saved), "restored": [c.to_dict() for c in saved], "files": []}
-        restored, errs = eng.rollback()
-        files = unpersist(eng.state.dir)
+        restored, errs = eng.rollback(only=only or None)
+        files = unpersist(eng.state.dir) if not only or "persist" in only else []
         out = {"changed": bool(restored or files), "restored": [c.to_dict() for c in restored], "files": files}
         if errs:
             raise ConvergeFailed("rollback failed: " + "; ".join(errs), out)
@@ -164,7 +166,7 @@ def converge(sections: dict | None, check: bool, *, profile: str | None = None, 
     if state not in STATES:
         raise HkError(f"state: expected one of {', '.join(STATES)}, got {state!r}")
     if state == "rolled_back":
-        return _rollback(check, state_dir)
+        return _rollback(check, state_dir, only)
 
     text = old = None
     default_only = None

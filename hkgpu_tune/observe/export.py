@@ -21,7 +21,7 @@ from hkgpu_tune.observe import collect as C
 from hkgpu_tune.observe import health
 from hkgpu_tune.core import paths, report
 from hkgpu_tune.core.errors import HkError
-from hkgpu_tune.core.fsutil import atomic_write
+from hkgpu_tune.core.fsutil import atomic_write, untrusted_reason
 
 DEFAULT_DIR = paths.TEXTFILE_DIR
 FILE_NAME = paths.TEXTFILE_NAME
@@ -51,8 +51,16 @@ def textfile_dir(arg: str | None) -> str:
 
 
 def check_dir(d: str) -> None:
-    """The textfile directory must exist, be a directory and be writable: one line otherwise."""
+    """The textfile directory must exist, be a directory (not a link to one) and be writable, and
+    no other user may be able to swap it: every directory above it passes the trust rule. One line
+    otherwise."""
     try:
+        if stat.S_ISLNK(os.lstat(d).st_mode):
+            raise HkError(f"{d}: the textfile directory is a symbolic link: refused (name the directory itself)")
+        parent = os.path.dirname(os.path.abspath(d))
+        why = untrusted_reason(parent, "directory above the textfile directory")
+        if why:
+            raise HkError(f"{why}: refused (another user could swap the textfile directory)")
         st = os.stat(d)
     except FileNotFoundError:
         raise HkError(f"{d}: textfile directory does not exist (create it, or pass --textfile-dir)") from None
@@ -117,6 +125,8 @@ def profile_sha256(profile, path=None) -> str:
     """sha256 of the profile file's bytes: `path` (the CLI passes the file it resolved), else the
     profile's own path (the default profile carries only its shipped file's name)."""
     from hkgpu_tune.core.profile import default_profile_path, read_profile_file
+    if getattr(profile, "text", ""):   # exactly what was parsed, wherever it came from
+        return hashlib.sha256(profile.text.encode()).hexdigest()
     if path is None:
         path = default_profile_path() if str(profile.path) == default_profile_path().name else profile.path
     try:

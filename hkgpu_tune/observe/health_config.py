@@ -48,9 +48,9 @@ def _argv(n) -> tuple[str, ...]:
     if len(items) > 64:
         raise n.error("a command of more than 64 arguments")
     argv = tuple(i.string(what="a command-line argument (a string)") for i in items)
-    if not os.path.isabs(argv[0]):
-        raise items[0].error(f"the program must be an absolute path (hooks run as root, "
-                             f"without a trusted PATH), got {argv[0]!r}")
+    if not os.path.isabs(argv[0]) or os.path.normpath(argv[0]) != argv[0]:
+        raise items[0].error(f"the program must be an absolute path without '.', '..' or '//' (hooks run "
+                             f"as root, without a trusted PATH), got {argv[0]!r}")
     return argv
 
 

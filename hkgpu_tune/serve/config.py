@@ -6,7 +6,7 @@ Profile (every key but models optional; addresses default to loopback)::
       server: pytriton            # or the path of a tritonserver binary
       launch: binary              # binary | container
       model_repository: /var/lib/hkgpu-triton/models
-      user: triton-server         # never root
+      user: triton-server         # the default; root only when named here
       gpu: 0                      # or a set: [4, 5, 6, 7] (one service per GPU or per set)
       http: {port: 8000, address: 127.0.0.1}
       models:
@@ -493,8 +493,6 @@ def parse_profile(node) -> Triton:
         kw["unit"] = m["unit"].string(r"[A-Za-z0-9:_.\\-]+", "a systemd unit name")
     if "user" in m:
         kw["user"] = m["user"].string(USER_RE, "a user name")
-        if kw["user"] == "root":
-            raise m["user"].error("the service must not run as root; name an unprivileged user")
     if "gpu" in m:
         kw["gpus"] = _gpu_set(m["gpu"])
         kw["gpu"] = kw["gpus"][0] if kw["gpus"] else None

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import shlex
-import shutil
 import sys
 import sysconfig
 from dataclasses import asdict, dataclass
 
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.core.fsutil import atomic_write
-from hkgpu_tune.serve import client
+from hkgpu_tune.core import unitfile
+from hkgpu_tune.serve import client, records
 
 PID_FILE = "tritonserver.json"
 LOG_FILE = "tritonserver.log"
@@ -224,22 +223,26 @@ def render_unit(t, place: dict | None = None) -> str:
              "After=" + " ".join(after), "Wants=" + " ".join(wants), ""]
     lines += ["[Service]", "Type=simple"]
     if t.launch == "binary":
-        user = t.user or DEFAULT_USER
+        user = unitfile.value(t.user or DEFAULT_USER, "triton.user")
         lines += [f"User={user}", f"Group={user}"]
         for k, v in sorted(server_env(t).items()):
-            lines.append(f"Environment={shlex.quote(f'{k}={v}')}")
-        lines += [f"ReadOnlyPaths={t.model_repository}", "ReadWritePaths=/dev/shm"]
+            lines.append(f"Environment={unitfile.environment(k, v)}")
+        lines += [f"ReadOnlyPaths={unitfile.path(t.model_repository, 'triton.model_repository')}",
+                  "ReadWritePaths=/dev/shm"]
         for d in dict.fromkeys(mps_env(t).values()):  # visible (PrivateTmp) and writable (ProtectSystem)
-            lines += [f"BindPaths={d}", f"ReadWritePaths={d}"]
+            q = unitfile.path(d, "triton.mps directory", colon=False)
+            lines += [f"BindPaths={q}", f"ReadWritePaths={q}"]
         lines += HARDENING
-        lines.append("ExecStart=" + shlex.join(argv))
+        lines.append("ExecStart=" + unitfile.exec_line(argv, "triton server"))
     else:  # the runtime needs root; the server inside runs as the image's or the profile's user
-        lines.append(f"ExecStartPre=-{shutil.which(t.runtime) or t.runtime} rm --force {t.unit}")
-        lines.append("ExecStart=" + shlex.join(argv))
-        lines.append(f"ExecStop={t.runtime} stop --time {int(t.gate.stop_timeout_s) + STOP_GRACE_S} {t.unit}")
+        rt = records.runtime_path(t.runtime, required=False)
+        lines.append("ExecStartPre=-" + unitfile.exec_line([rt, "rm", "--force", t.unit]))
+        lines.append("ExecStart=" + unitfile.exec_line([rt] + argv[1:], "triton container"))
+        lines.append("ExecStop=" + unitfile.exec_line(
+            [rt, "stop", "--time", str(int(t.gate.stop_timeout_s) + STOP_GRACE_S), t.unit]))
         # systemd ends the foreground `run` once ExecStop returns, before its --rm has removed the
         # container: an exited container was left behind (seen with podman on the VM test node)
-        lines.append(f"ExecStopPost=-{shutil.which(t.runtime) or t.runtime} rm --force {t.unit}")
+        lines.append("ExecStopPost=-" + unitfile.exec_line([rt, "rm", "--force", t.unit]))
         lines += ["NoNewPrivileges=yes", "PrivateTmp=yes", "ProtectHome=yes"]
     lines += ["LimitMEMLOCK=infinity", "LimitNOFILE=1048576", "LimitSTACK=67108864"]
     if place.get("cpus"):

@@ -8,15 +8,14 @@ import grp
 import json
 import os
 import pwd
-import shutil
 import signal
 import socket
 import subprocess
 import time
 
 from hkgpu_tune.core.errors import HkError, UnsupportedError
-from hkgpu_tune.core.fsutil import atomic_write
-from hkgpu_tune.serve import client
+from hkgpu_tune.core.fsutil import atomic_write, check_trusted
+from hkgpu_tune.serve import client, records
 from hkgpu_tune.serve.forms import (  # noqa: F401 (re-exported: callers use launch.X)
     _b, backend_directory, command, container_argv, CONTAINER_REPO, CONTROL_MODE, cpu_list, DEFAULT_USER,
     HARDENING, install_unit, LOG_FILE, METRICS_CONFIG, mps_env, PID_FILE, placement, prepare_backends,
@@ -29,11 +28,29 @@ def _state_path(t) -> str:
 
 
 def _load_state(t) -> dict | None:
-    try:
-        with open(_state_path(t)) as f:
-            return json.load(f)
-    except (FileNotFoundError, ValueError):
+    """The run directory's record of the process we started, trusted only when neither it nor its
+    directory (nor any above) is another user's or writable by others: root signals process groups
+    on its word. An untrusted record is an HkError, never read."""
+    path = _state_path(t)
+    if not os.path.lexists(path):
         return None
+    check_trusted(os.path.abspath(path), "Triton run record")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            st = json.loads(f.read(1 << 20))
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise HkError(f"{path}: cannot read the Triton run record: {e.strerror}: refused") from None
+    except ValueError as e:
+        raise HkError(f"{path}: not a Triton run record this tool wrote ({e}): refused") from None
+    ok = (isinstance(st, dict) and isinstance(st.get("pid"), int) and not isinstance(st["pid"], bool)
+          and st["pid"] > 1 and isinstance(st.get("start_ticks"), int) and isinstance(st.get("argv"), list)
+          and st["argv"] and all(isinstance(a, str) for a in st["argv"]) and os.path.isabs(st["argv"][0]))
+    if not ok:
+        raise HkError(f"{path}: not a Triton run record this tool wrote (pid, start_ticks, argv): refused")
+    return st
 
 
 def _start_ticks(pid: int) -> int:
@@ -54,9 +71,14 @@ def _alive(st: dict | None) -> bool:
         # exec, before the kernel has set up the new program's arguments, its cmdline reads empty:
         # that is the program starting, not gone (the start time already proves it is ours)
         cmd = p.cmdline()
+        # and the server: the program we ran (by its executable, not its name), leading the session
+        # we gave it, as the user we started it as
+        exe = os.path.realpath(p.exe()) if p.exe() else ""
+        uid = _user_ids(st["user"])[0] if st.get("user") else os.geteuid()
         return (_start_ticks(p.pid) == st["start_ticks"] and p.status() != psutil.STATUS_ZOMBIE
-                and (not cmd or os.path.basename(cmd[0]) == os.path.basename(st["argv"][0])))
-    except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError, OSError):
+                and exe == os.path.realpath(st["argv"][0]) and os.getsid(p.pid) == p.pid
+                and p.uids().real == uid and (not cmd or cmd == st["argv"]))
+    except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError, OSError, HkError):
         return False
 
 
@@ -213,8 +235,8 @@ def start(t, backends=None, place: dict | None = None) -> dict:
     render.repository_state(t, backends)  # re-checks config.pbtxt against the schema
     place = place if place is not None else placement(t, backends)
     sup = supervisor(t, backends)
-    user = t.user or (DEFAULT_USER if sup == "systemd" else None)
-    if t.launch == "binary" and user:
+    user = service_user(t, sup)
+    if t.launch == "binary" and user and user != "root":
         check_user_access(t, user)
     if sup == "systemd":
         check_ports(t)
@@ -223,12 +245,23 @@ def start(t, backends=None, place: dict | None = None) -> dict:
         return status(t, backends)
     check_ports(t)
     argv = command(t, place)
-    if t.launch == "container" and shutil.which(t.runtime) is None:
-        raise UnsupportedError(f"triton: container runtime {t.runtime} not found")
+    if t.launch == "container":
+        try:
+            argv[0] = records.runtime_path(t.runtime)
+        except HkError:
+            raise UnsupportedError(f"triton: container runtime {t.runtime} not found") from None
     added = server_env(t) if t.launch == "binary" else {}
-    user = t.user if t.launch == "binary" else None
+    user = user if t.launch == "binary" else None
     _spawn(ServiceRef.of(t, backends), argv, added, user, t.launch, place)
     return status(t, backends) | {"argv": argv, "log": os.path.join(t.run_dir, LOG_FILE)}
+
+
+def service_user(t, sup: str) -> str | None:
+    """Who the server runs as: the profile's user; else, under systemd or when root starts it,
+    DEFAULT_USER (root only when the profile names root); else the user running the tool."""
+    if t.user:
+        return t.user
+    return DEFAULT_USER if sup == "systemd" or os.geteuid() == 0 else None
 
 
 def respawn_record(rec: dict) -> dict:
@@ -237,7 +270,10 @@ def respawn_record(rec: dict) -> dict:
 
 
 def respawn(ref: ServiceRef, record: dict, backends=None) -> None:
-    """Stop the supervised process and start the one described by `record` (respawn_record)."""
+    """Stop the supervised process and start the one described by `record` (respawn_record), once
+    the record passes check_record and its paths the trust rule."""
+    records.check_record(record)
+    records.check_record_paths(record)
     stop(ref, backends)
     _spawn(ref, list(record["argv"]), dict(record.get("env") or {}), record.get("user"),
            record.get("launch") or "binary", record.get("placement") or {})
@@ -246,7 +282,11 @@ def respawn(ref: ServiceRef, record: dict, backends=None) -> None:
 def _spawn(ref: ServiceRef, argv: list[str], added: dict, user: str | None, form: str, place: dict) -> int:
     """The server as a process in its own session (as `user` when root starts it), pinned to the
     placement's CPUs; its record (pid, start time, argv, env added) in the run directory."""
-    os.makedirs(ref.run_dir, exist_ok=True)
+    os.makedirs(ref.run_dir, mode=0o755, exist_ok=True)
+    check_trusted(os.path.abspath(ref.run_dir), "Triton run directory")
+    check_trusted(argv[0], "Triton server program")
+    if form == "binary" and not user and os.geteuid() == 0:
+        user = DEFAULT_USER   # root never starts the server as root unless the profile names root
     log = os.path.join(ref.run_dir, LOG_FILE)
     env = dict(os.environ)
     env.update(added)
@@ -259,7 +299,8 @@ def _spawn(ref: ServiceRef, argv: list[str], added: dict, user: str | None, form
         elif pwd.getpwuid(os.geteuid()).pw_name != user:
             raise HkError(f"triton: starting as user {user} needs root")
     cpus = place.get("cpus") or []
-    with open(log, "ab") as logf:
+    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o640)
+    with os.fdopen(fd, "ab") as logf:
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT, env=env,
                                     cwd="/", start_new_session=True, close_fds=True, **kw)

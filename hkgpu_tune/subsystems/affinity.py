@@ -68,7 +68,7 @@ def _match(n) -> Match:
         mac=mm["mac"].string(MAC_RE, "a MAC address like 0c:42:a1:00:00:01").lower() if "mac" in mm else None,
         driver=mm["driver"].string(r"[A-Za-z0-9_.-]{1,32}", "a driver name") if "driver" in mm else None,
         pci=("0000:" + pci if pci and len(pci) == 7 else pci),
-        default_route=mm["default_route"].boolean() if "default_route" in mm else False)
+        default_route=mm["default_route"].boolean() if "default_route" in mm else None)
 
 
 MAX_CPU = 8191   # the kernel's largest NR_CPUS

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 
-from hkgpu_tune.core.errors import ApplyError
+from hkgpu_tune.core.errors import ApplyError, HkError
 from hkgpu_tune.core.match import could_match, find, identity, matched, matches, resolve  # noqa: F401 - matches/matched: one import site
 from hkgpu_tune.core.report import DRIFT, ERROR, OK, UNSUPPORTED
 from hkgpu_tune.subsystems.base import Subsystem
@@ -119,7 +119,7 @@ class Plugin(Subsystem):
     def _set_route(self, prefix, mtu, data):
         ln = find(self.b.net, data, f"route {prefix}")
         orig, want = data.get("orig"), data.get("want") or {}
-        new = dict(orig) if orig else {"dst": prefix, "table": 254, "priority": 0, "proto": None,
+        new = dict(orig) if orig else {"dst": prefix, "table": 254, "priority": None, "proto": None,
                                        "scope": None, "type": None, "gateway": None, "oif": None}
         new["mtu"] = mtu
         if orig:
@@ -132,7 +132,17 @@ class Plugin(Subsystem):
         if hop != {"gateway": new["gateway"], "oif": new["oif"]}:
             new.update(hop, scope=None)   # the old scope may not suit the new next hop
         self.b.net.set_route(new)
-        self._check(prefix, {k: v for k, v in new.items() if v is not None})
+        try:
+            self._check(prefix, {k: v for k, v in new.items() if v is not None})
+        except HkError:
+            # the kernel took a route other than asked: put the original back (or remove the one
+            # just added) before failing, so the failed write leaves nothing behind without a record
+            now = self.b.net.route(prefix)
+            if orig:
+                self.b.net.set_route({**orig, "oif": ln["index"]})
+            elif now is not None and ipaddress.ip_network(prefix).prefixlen:
+                self.b.net.set_route(now, delete=True)
+            raise
 
     def _check(self, prefix, want):
         got = self.b.net.route(prefix)

@@ -29,6 +29,7 @@ import re
 import shlex
 from dataclasses import dataclass
 
+from hkgpu_tune.core import unitfile
 from hkgpu_tune.backends.mps import CONTROL, SAFE_DIR_ROOTS, dir_state, ensure_dir, mps_env, safe_root, set_dir_mode
 from hkgpu_tune.core.errors import HkError, UnsupportedError
 from hkgpu_tune.core.report import DRIFT, ERROR, OK, UNSUPPORTED
@@ -114,7 +115,7 @@ def render_unit(cfg: MpsProfile, exe: str = f"/usr/bin/{CONTROL}", gpus=None) ->
     post = [f"set_default_active_thread_percentage {cfg.default_active_thread_percentage}"] \
         if cfg.default_active_thread_percentage else []
     post += [f"set_default_device_pinned_mem_limit {d} {s}" for d, s in cfg.default_pinned_mem_limit]
-    q = shlex.quote
+    q, x = shlex.quote, unitfile.exec_line
     lines = [
         "# Rendered by hkgpu-tune (mps subsystem); changes here are reported as drift.",
         "[Unit]",
@@ -124,12 +125,12 @@ def render_unit(cfg: MpsProfile, exe: str = f"/usr/bin/{CONTROL}", gpus=None) ->
         "",
         "[Service]",
         "Type=forking",
-        f"User={cfg.user}",
-        *[f"Environment={k}={v}" for k, v in env.items()],
+        f"User={unitfile.value(cfg.user, 'mps.user')}",
+        *[f"Environment={unitfile.environment(k, v)}" for k, v in env.items()],
         *_unit_dir_lines(cfg),
-        f"ExecStart={exe} -d",
-        *[f"ExecStartPost=/bin/sh -c {q(f'echo {c} | {exe}')}" for c in post],
-        f"ExecStop=/bin/sh -c {q(f'echo quit | {exe}')}",
+        f"ExecStart={x([exe, '-d'])}",
+        *[f"ExecStartPost={x(['/bin/sh', '-c', f'echo {c} | {q(exe)}'])}" for c in post],
+        f"ExecStop={x(['/bin/sh', '-c', f'echo quit | {q(exe)}'])}",
         "Restart=on-failure",
         "",
         "[Install]",
@@ -154,16 +155,18 @@ def _unit_dir_lines(cfg: MpsProfile) -> list[str]:
         path = getattr(cfg, key)
         kind = _UNIT_DIRS.get(safe_root(path) or "")
         if kind is None:
-            out.append(f"ExecStartPre=/bin/sh -c {shlex.quote(f'test -d {path} && test ! -L {path}')}")
+            q = shlex.quote(path)
+            out.append("ExecStartPre=" + unitfile.exec_line(["/bin/sh", "-c", f"test -d {q} && test ! -L {q}"]))
             continue
         groups.setdefault(kind[0], []).append((path[len(kind[1]) + 1:], mode))
     for directive, dirs in groups.items():
-        out.append(f"{directive}={' '.join(d for d, _ in dirs)}")
+        out.append(f"{directive}={' '.join(unitfile.word(d, 'mps directory') for d, _ in dirs)}")
         out.append(f"{directive}Mode={dirs[0][1]:04o}")
         if directive == "RuntimeDirectory":
             out.append("RuntimeDirectoryPreserve=yes")   # clients keep the pipes across a restart
         base = {"RuntimeDirectory": "/run", "LogsDirectory": "/var/log", "StateDirectory": "/var/lib"}[directive]
-        out += [f"ExecStartPre=+/bin/chmod {m:04o} {base}/{d}" for d, m in dirs[1:] if m != dirs[0][1]]
+        out += ["ExecStartPre=+" + unitfile.exec_line(["/bin/chmod", f"{m:04o}", f"{base}/{d}"])
+                for d, m in dirs[1:] if m != dirs[0][1]]
     return out
 
 

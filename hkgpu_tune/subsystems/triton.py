@@ -307,6 +307,9 @@ class Plugin(Subsystem):
         ref = launch.ServiceRef.from_dict(ch.data["service"])
         if ch.key == "unit":
             before = ch.data.get("before")
+            if before is not None:   # a unit text from disk: its programs must pass the trust rule
+                from hkgpu_tune.serve.records import check_unit_text
+                check_unit_text(before)
             self.b.systemd.write_unit(launch.unit_name(ref), before)  # None: the unit did not exist
             self.b.systemd.daemon_reload()
             if before is not None and self.b.systemd.is_active(launch.unit_name(ref)):

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from hkgpu_tune import subsystems
 from hkgpu_tune.backends import Backends
+from hkgpu_tune.core import place
 from hkgpu_tune.core.errors import HkError, ProfileError, StateError, TargetGone, UnsupportedError
 from hkgpu_tune.tune.journal import Journal
 from hkgpu_tune.core.report import ERROR, UNSUPPORTED, Change, Result
@@ -125,6 +126,7 @@ class Engine:
         return rep
 
     def _write(self, j: Journal, changes: list[Change]) -> None:
+        place.stamp(changes)   # where each lives: a replaced device or another namespace is another setting
         j.originals(changes)   # on disk before the first write
         for c in changes:
             try:
@@ -144,6 +146,7 @@ class Engine:
         if c.subsystem == "persist":
             from hkgpu_tune.tune.persist import undo_file
             return undo_file(c, self.state.dir)
+        place.check(c)         # never written to another namespace or host than it was read from
         sub = self.by_name.get(c.subsystem) or self._sub(c.subsystem)
         sub.restore(c)
         return None

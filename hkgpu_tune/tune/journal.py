@@ -17,6 +17,7 @@ import time
 from typing import Callable
 
 from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.core.place import same_setting
 from hkgpu_tune.core.report import Change
 from hkgpu_tune.tune.state import State
 
@@ -25,7 +26,8 @@ class Journal:
     def __init__(self, state: State):
         self.state = state
         self.entries: list[Change] = state.load()    # every saved original, oldest first
-        self.earlier = {c.ident for c in self.entries}
+        self.earlier = {c.setting for c in self.entries}
+        self.earlier_entries = list(self.entries)
         self.this_run: list[Change] = []
         self.written: list[Change] = []
         self.refusals: dict[tuple, str] = {}
@@ -40,7 +42,9 @@ class Journal:
         self.state.log.append(e)
 
     def _entry(self, c: Change) -> Change | None:
-        return next((e for e in self.entries if e.ident == c.ident), None)
+        """c's saved entry: the same setting in the same place (a replaced device or another
+        namespace is another setting); an entry saved before places were kept matches by name."""
+        return next((e for e in self.entries if same_setting(e, c)), None)
 
     def save(self) -> None:
         self.state.save(self.entries)
@@ -85,7 +89,7 @@ class Journal:
             self.save()
 
     def _drop(self, c: Change) -> None:
-        if c.ident in self.earlier:
+        if c.setting in self.earlier or any(same_setting(e, c) for e in self.earlier_entries):
             return
         e = self._entry(c)
         if e is not None:
@@ -106,9 +110,9 @@ class Journal:
                 continue
             self._log("undo", c)
             self._drop(c)
-        keep = {c.ident for c, _ in errs} | {c.ident for c in self.stuck}
-        mine = {c.ident for c in self.this_run} - keep - self.earlier
-        self.entries = [e for e in self.entries if e.ident not in mine]
+        keep = {c.setting for c, _ in errs} | {c.setting for c in self.stuck}
+        mine = {c.setting for c in self.this_run} - keep - self.earlier
+        self.entries = [e for e in self.entries if e.setting not in mine]
         self.save()
         return errs
 

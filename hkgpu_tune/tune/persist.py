@@ -11,14 +11,14 @@ import glob
 import hashlib
 import os
 import re
-import shutil
 import stat
 import sys
 
 import yaml
 
 from hkgpu_tune.core.errors import HkError, ProfileError, StateError
-from hkgpu_tune.core.fsutil import atomic_write, fsync_dir
+from hkgpu_tune.core import unitfile
+from hkgpu_tune.core.fsutil import atomic_write, check_trusted, fsync_dir
 from hkgpu_tune.tune.journal import Journal
 from hkgpu_tune.core.yamlnode import load_yaml_doc
 from hkgpu_tune.core.report import Change
@@ -348,6 +348,22 @@ def sysctl_conf(profile, results) -> str:
     return "\n".join(lines) + "\n"
 
 
+def entry_point() -> list[str]:
+    """The installed command by absolute path, never looked up on PATH at boot: the console script
+    this process runs as, else the one installed beside this interpreter, else `python -m`. Each
+    must pass the trust rule (root runs it at every boot)."""
+    cands = []
+    if os.path.basename(sys.argv[0] or "") == "hkgpu-tune" and os.path.isabs(sys.argv[0]):
+        cands.append([sys.argv[0]])
+    cands += [[os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "hkgpu-tune")],
+              [os.path.abspath(sys.executable), "-m", "hkgpu_tune"]]
+    for argv in cands:
+        if os.path.isfile(argv[0]) and os.access(argv[0], os.X_OK):
+            check_trusted(argv[0], "hkgpu-tune entry point for the boot unit")
+            return argv
+    raise HkError("persist: no hkgpu-tune entry point found by absolute path")
+
+
 def device_unit(ifname: str) -> str:
     """The systemd device unit of a network interface (systemd-escape --path)."""
     esc = "".join(c if c.isalnum() or c in ":_" or (c == "." and i) else f"\\x{ord(c):02x}"
@@ -355,11 +371,15 @@ def device_unit(ifname: str) -> str:
     return f"sys-subsystem-net-devices-{esc}.device"
 
 
-def boot_unit(exe: str, only: list[str], devices=()) -> str:
+def boot_unit(exe: list[str] | str, only: list[str], devices=()) -> str:
     """The boot unit. It waits for the interfaces it tunes (their device units: each at most
     systemd's device timeout), not for systemd-udev-settle, which is deprecated and waits for all."""
+    exe = [exe] if isinstance(exe, str) else exe
     devs = " ".join(device_unit(d) for d in dict.fromkeys(devices))
     wait = f"\nWants={devs}\nAfter={devs}" if devs else ""
+
+    def ex(*args):
+        return unitfile.exec_line([*exe, *args], "boot unit command")
     return f"""# Written by hkgpu-tune apply --persist; `hkgpu-tune rollback` removes it.
 [Unit]
 Description=hkgpu-tune: re-apply runtime NIC settings, then verify and export the metrics
@@ -376,13 +396,31 @@ RemainAfterExit=yes
 # node_exporter's default directory): the same series, never a second file; health before it runs
 # the profile's on_unhealthy/on_healthy hooks on a transition, as the verify timer does
 EnvironmentFile=-/{EXPORT_ENV}
-ExecStart={exe} apply --profile /{PROFILE_FILE} --only {','.join(only)}
-ExecStartPost=-{exe} health --profile /{PROFILE_FILE}
-ExecStartPost=-{exe} export --profile /{PROFILE_FILE}
+ExecStart={ex("apply", "--profile", "/" + PROFILE_FILE, "--only", ",".join(only))}
+ExecStartPost=-{ex("health", "--profile", "/" + PROFILE_FILE)}
+ExecStartPost=-{ex("export", "--profile", "/" + PROFILE_FILE)}
 
 [Install]
 WantedBy=multi-user.target
 """
+
+
+def profile_text(profile) -> str:
+    """What goes to /etc/hkgpu-tune/profile.yaml: the very text the run parsed (the whole shipped
+    profile for the default, never only its name; never a file looked up again by a relative
+    name). A profile from a file is copied into /etc only when that file, and every directory above
+    it, passes the trust rule: its hooks and settings run as root at every boot."""
+    if not getattr(profile, "text", ""):
+        raise HkError(f"persist: the text of profile {profile.label} is not known: nothing persisted")
+    if profile.source != "default":
+        check_trusted(os.path.abspath(str(profile.path)), "profile to persist")
+    return profile.text
+
+
+def precheck(engine) -> None:
+    """The refusals of persist that need no write: the profile's trust and the entry point."""
+    profile_text(engine.profile)
+    entry_point()
 
 
 def persist(engine, root: str = "/", profile_path: str | None = None) -> list[str]:
@@ -399,10 +437,9 @@ def _persist(engine, profile, root, profile_path) -> list[str]:
     try:
         owners = _mtu_owners(engine, profile, root)   # every manager's file read before any write
         results = engine.verify()
-        if profile.sysctl or profile.section("tcp_buffers"):
+        text = profile_text(profile)   # checked before anything is written
+        if "sysctl" in engine.by_name and (profile.sysctl or profile.section("tcp_buffers")):
             done.append("sysctl: " + w.write(SYSCTL_FILE, sysctl_conf(profile, results)))
-        src = profile_path if profile_path and os.path.exists(profile_path) else None
-        text = open(src).read() if src else yaml.safe_dump({"name": profile.name})
         done.append("profile: " + w.write(PROFILE_FILE, text))
         # MTU: into the owner's configuration where a manager owns the link
         # settings the kernel or driver forgets at reboot (MPS and Triton have units of their own)
@@ -419,7 +456,7 @@ def _persist(engine, profile, root, profile_path) -> list[str]:
                 boot_link = True
         only = (["link"] if boot_link else []) + runtime
         if only:
-            exe = shutil.which("hkgpu-tune") or os.path.join(os.path.dirname(sys.executable), "hkgpu-tune")
+            exe = entry_point()
             devices = [ln["name"] for ln, _, _ in owners] if "link" in engine.by_name else []
             done.append("unit: " + w.write(UNIT_FILE, boot_unit(exe, only, devices)))
             done.append("enabled: " + w.link(WANTS_LINK, f"/{UNIT_FILE}"))

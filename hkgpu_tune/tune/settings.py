@@ -335,6 +335,13 @@ def _triton(c: Change) -> None:
                 check_record(c.data)
             except StateError as e:
                 _fail(str(e))
+    if c.key == "command":   # a respawn record: only a Triton server command (serve.records)
+        from hkgpu_tune.core.errors import HkError
+        from hkgpu_tune.serve.records import check_record
+        try:
+            check_record(c.data.get("before"))
+        except HkError as e:
+            _fail(str(e))
     plain(c.current, "original")
     plain(c.desired, "desired")
 
@@ -443,6 +450,14 @@ def validate(c: Change) -> str:
         for k, v in c.data.items():
             if k not in ("identity",):
                 plain(v, f"data.{k}")
+    if "where" in c.data:   # core.place: the host and network namespace the original was read in
+        w = c.data["where"]
+        if not (isinstance(w, dict) and set(w) <= {"host", "netns"} and isinstance(w.get("host", ""), str)
+                and re.fullmatch(r"[0-9a-fA-F]{0,64}", w.get("host", "")) and
+                (w.get("netns") is None or isinstance(w["netns"], int) and not isinstance(w["netns"], bool))):
+            _fail("data.where: expected {host: machine id, netns: inode}")
+        import dataclasses
+        c = dataclasses.replace(c, data={k: v for k, v in c.data.items() if k != "where"})
     REGISTRY[t].check(c)
     return t
 

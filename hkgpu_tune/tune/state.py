@@ -120,11 +120,29 @@ class State:
             os.close(fd)
             raise
         _held[self.dir] = [fd, 1]
+        self._drop_temps()
         try:
             yield
         finally:
             del _held[self.dir]
             os.close(fd)   # releases the lock (a kill releases it too)
+
+    def _drop_temps(self) -> None:
+        """Temporary files a killed writer left in the directory (atomic_write's .NAME.PID.N.tmp):
+        under the lock no one else is writing, so every one is stale. Regular files only."""
+        import re
+        try:
+            names = os.listdir(self.dir)
+        except OSError:
+            return
+        for n in names:
+            if re.fullmatch(r"\.[^/]+\.[0-9]+\.[0-9]+\.tmp", n):
+                path = os.path.join(self.dir, n)
+                try:
+                    if stat.S_ISREG(os.lstat(path).st_mode):
+                        os.unlink(path)
+                except OSError:
+                    pass
 
     # ------------------------------------------------------------ state.json
     def _read(self) -> bytes | None:

@@ -226,24 +226,50 @@ def test_wrong_shapes_inside_a_snapshot_are_one_line(tmp_path, path, value, key)
         assert p.stderr == f"hkgpu-tune: error: {bad}: {key}\n"
 
 
-def test_compare_without_a_profile_judges_by_the_thresholds_the_after_snapshot_recorded(tmp_path):
+def test_compare_without_a_profile_judges_by_the_thresholds_the_baseline_recorded(tmp_path):
     """rack baseline compares on the controller, with no node profile: a node whose profile widened
-    the throughput threshold to 60 % must not get the 10 % default (a 50 % drop is then no regression)."""
+    the throughput threshold to 60 % when its baseline was taken must not get the 10 % default (a
+    50 % drop is then no regression); the candidate snapshot's own thresholds never excuse it (a
+    `pct: 1e9` in it hides nothing), and a bad or non-finite figure in either is an error."""
     b, a = snapshot("n1"), snapshot("n1", tput_scale=0.5)
     write(tmp_path / "b.json", b)
     write(tmp_path / "a.json", a)
     regs = lambda: [r.key for r in cmpmod.compare(cmpmod.load(str(tmp_path / "b.json")),
                                                    cmpmod.load(str(tmp_path / "a.json"))).regressions]
-    assert regs() == ["throughput 198.18.0.2 send", "throughput 198.18.0.2 receive"]
-    a["thresholds"] = {"throughput": {"pct": 60, "abs": None}, "a_kind_from_a_newer_release": {"pct": 1}}
+    drop = ["throughput 198.18.0.2 send", "throughput 198.18.0.2 receive"]
+    assert regs() == drop
+    a["thresholds"] = {"throughput": {"pct": 1e9, "abs": None}}
     write(tmp_path / "a.json", a)
+    with pytest.raises(cmpmod.SnapshotError, match="thresholds.throughput.pct: 1e\\+09 is out of range"):
+        regs()
+    a["thresholds"] = {"throughput": {"pct": 99, "abs": None}}
+    write(tmp_path / "a.json", a)
+    assert regs() == drop                       # the candidate's own thresholds do not count
+    b["thresholds"] = {"throughput": {"pct": 60, "abs": None}, "a_kind_from_a_newer_release": {"pct": 1}}
+    write(tmp_path / "b.json", b)
     assert regs() == []
     for bad, where in (({"throughput": {"pct": "ten"}}, "thresholds.throughput.pct"),
+                       ({"throughput": {"pct": float("nan")}}, "thresholds.throughput.pct"),
+                       ({"throughput": {"abs": float("inf")}}, "thresholds.throughput.abs"),
                        ({"throughput": [10]}, "thresholds.throughput"), ([1], "thresholds")):
-        a["thresholds"] = bad
-        write(tmp_path / "a.json", a)
-        with pytest.raises(cmpmod.SnapshotError, match=where):
-            regs()
+        for doc, name in ((a, "a.json"), (b, "b.json")):
+            saved = doc.get("thresholds")
+            doc["thresholds"] = bad
+            write(tmp_path / name, doc)
+            with pytest.raises(cmpmod.SnapshotError, match=f"{name}: {where}"):
+                regs()
+            doc["thresholds"] = saved
+            write(tmp_path / name, doc)
+
+
+def test_a_non_finite_figure_is_an_error_naming_file_and_key(tmp_path):
+    b, a = snapshot("n1"), snapshot("n1")
+    a["engine"] = {"status": "ok", "tool": "t", "model": "m", "batch": 1, "img_s": [100.0, float("nan")],
+                   "latency_ms": [1.0, 1.0]}
+    write(tmp_path / "b.json", b)
+    write(tmp_path / "a.json", a)
+    p = hk("baseline", "compare", str(tmp_path / "b.json"), str(tmp_path / "a.json"))
+    assert p.returncode == 1 and "a.json: engine.img_s: NaN or infinity" in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
 def test_a_refused_connection_is_tried_again_before_it_counts(monkeypatch):

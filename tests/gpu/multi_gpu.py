@@ -203,6 +203,7 @@ def profile_doc(gpus: list[dict], place: dict[int, dict], ports=(8000, 8001, 800
         "triton": {
             "server": "pytriton", "model_repository": f"{BASE}/triton/models", "run_dir": f"{BASE}/triton/run",
             "gpu": None,   # the server sees every GPU; each instance pins itself to its GPU's CPUs
+            "user": "root",   # named: the GPU machine has no unprivileged server user
             "http": {"port": http}, "grpc": {"port": grpc}, "metrics": {"port": metrics},
             "models": [{
                 "name": MODEL, "backend": "python", "model_file": os.path.join(HERE, "data", "pinned_model.py"),

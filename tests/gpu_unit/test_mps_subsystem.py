@@ -99,11 +99,11 @@ def test_render_unit():
     assert "RuntimeDirectory=nvidia-mps\nRuntimeDirectoryMode=0755" in u
     assert "LogsDirectory=nvidia-mps\nLogsDirectoryMode=0750" in u and "install -d" not in u
     tmp = profile("mps:\n  pipe_dir: /tmp/mps/pipe\n  log_dir: /tmp/mps/log\n").section("mps")
-    assert "ExecStartPre=/bin/sh -c 'test -d /tmp/mps/pipe && test ! -L /tmp/mps/pipe'" in render_unit(tmp)
+    assert 'ExecStartPre=/bin/sh -c "test -d /tmp/mps/pipe && test ! -L /tmp/mps/pipe"' in render_unit(tmp)
     assert "ExecStart=/usr/bin/nvidia-cuda-mps-control -d" in u
-    assert "ExecStartPost=/bin/sh -c 'echo set_default_active_thread_percentage 25 | /usr/bin/nvidia-cuda-mps-control'" in u
-    assert "ExecStartPost=/bin/sh -c 'echo set_default_device_pinned_mem_limit 1 8G | /usr/bin/nvidia-cuda-mps-control'" in u
-    assert "ExecStop=/bin/sh -c 'echo quit | /usr/bin/nvidia-cuda-mps-control'" in u
+    assert 'ExecStartPost=/bin/sh -c "echo set_default_active_thread_percentage 25 | /usr/bin/nvidia-cuda-mps-control"' in u
+    assert 'ExecStartPost=/bin/sh -c "echo set_default_device_pinned_mem_limit 1 8G | /usr/bin/nvidia-cuda-mps-control"' in u
+    assert 'ExecStop=/bin/sh -c "echo quit | /usr/bin/nvidia-cuda-mps-control"' in u
 
 
 def test_sizes():

@@ -63,3 +63,46 @@ network:
     assert r.returncode == 0, r.stdout + r.stderr
     assert net.link()["mtu"] == 1500 and "generic-receive-offload: off" in features(net)
     assert not (st / "state.json").exists()
+
+
+def test_a_replaced_device_gets_its_own_original_when_apply_runs_again(net, tmp_path):
+    """Same name, another device: a second apply saves the new device's original; rollback puts
+    the new one back and reports (and keeps) the old one's."""
+    sh("ip", "-n", net.B, "link", "set", net.b, "mtu", "9000")
+    first = net.link()
+    p = write_profile(tmp_path, f"network:\n  interfaces:\n    - match: {{name: {net.a}}}\n      mtu: 9000\n"
+                                f"  fabric_peers: [{net.ipb}]\n")
+    st = tmp_path / "st"
+    rc, doc = net.hkjson("apply", "--profile", p, "--only", "link", state=st)
+    assert rc == 0 and doc["error"] == "", doc
+    sh("ip", "-n", net.A, "link", "del", net.a)
+    other = "02:00:5e:10:00:01" if first["address"] != "02:00:5e:10:00:01" else "02:00:5e:10:00:02"
+    recreate(net, first["ifindex"], other)
+    sh("ip", "-n", net.A, "link", "set", net.a, "mtu", "1400")
+    sh("ip", "-n", net.B, "link", "set", net.b, "mtu", "9000")
+    rc, doc = net.hkjson("apply", "--profile", p, "--only", "link", state=st)
+    assert rc == 0 and doc["error"] == "" and net.link()["mtu"] == 9000, doc
+    r = net.hk("rollback", state=st)
+    out = r.stdout + r.stderr
+    assert net.link()["mtu"] == 1400, out            # the new device's own original
+    assert r.returncode == 1 and "was replaced" in out and first["address"] in out, out
+    assert (st / "state.json").exists()              # the old device's original is kept
+
+
+def test_a_rollback_in_another_namespace_never_writes_there(net, tmp_path):
+    key = "net.ipv4.tcp_mtu_probing"
+
+    def val(ns):
+        return sh("sysctl", "-n", key, ns=ns).stdout.strip()
+    sh("sysctl", "-w", f"{key}=0", ns=net.A)
+    sh("sysctl", "-w", f"{key}=2", ns=net.B)
+    p = write_profile(tmp_path, f"sysctl:\n  {key}: 1\n")
+    st = tmp_path / "st"
+    rc, doc = net.hkjson("apply", "--profile", p, "--only", "sysctl", state=st)
+    assert rc == 0 and val(net.A) == "1", doc
+    r = net.hk("rollback", state=st, ns=net.B)
+    out = r.stdout + r.stderr
+    assert r.returncode == 1 and "another network namespace" in out, out
+    assert val(net.B) == "2" and val(net.A) == "1"
+    r = net.hk("rollback", state=st)                 # in its own namespace: restored
+    assert r.returncode == 0 and val(net.A) == "0", r.stdout + r.stderr

@@ -90,3 +90,27 @@ def test_a_role_file_that_is_a_fifo_is_refused_without_blocking(tmp_path):
     out = module(tmp_path, state="verified", only=["sysctl"],
                  files=[{"path": str(tmp_path / "hkgpu.service"), "content": "[Unit]\n"}])
     assert out["failed"] and "it is not a regular file" in out["msg"]
+
+
+def test_rolled_back_with_only_restores_only_those_and_keeps_the_persisted_files(tmp_path):
+    """state: rolled_back narrows to `only` like `hkgpu-tune rollback --only`: the files of
+    --persist go only when `persist` is named (or nothing is)."""
+    from hkgpu_tune.core.profile import parse_profile_text
+    from hkgpu_tune.tune.engine import Engine
+    from hkgpu_tune.tune.persist import persist
+
+    from ..unit.test_engine import PROFILE, host
+    src = tmp_path / "t.yaml"
+    src.write_text(PROFILE)
+    root = tmp_path / "root"
+    root.mkdir()
+    persist(Engine(parse_profile_text(PROFILE, str(src)), only=["sysctl"], state_dir=str(tmp_path / "state"),
+                   backends=host()), str(root))
+    conf = root / "etc/sysctl.d/60-hkgpu-tune.conf"
+    assert conf.exists()
+    out = module(tmp_path, check=True, state="rolled_back", only=["sysctl"])
+    assert out.get("changed") is False and out["restored"] == [], out
+    out = module(tmp_path, state="rolled_back", only=["sysctl"])
+    assert not out.get("failed") and out["files"] == [] and conf.exists(), out
+    out = module(tmp_path, state="rolled_back", only=["persist"])
+    assert not out.get("failed") and not conf.exists(), out

@@ -63,3 +63,17 @@ def test_match_keys():
     veth = {**ln, "perm_mac": None}
     assert same_device(identity(veth), veth) and not same_device(identity(veth), {**veth, "mac": "02:00:00:00:00:09"})
 
+
+
+def test_default_route_false_matches_only_links_without_it():
+    """`default_route: false` is a condition, not the absence of one: the uplink is not matched."""
+    from hkgpu_tune.core.match import matches
+    from hkgpu_tune.core.profile import parse_profile_text
+    prof = parse_profile_text("network:\n  interfaces:\n    - match: {default_route: false}\n      mtu: 9000\n"
+                              "    - match: {default_route: true}\n      mtu: 1500\n", "p.yaml")
+    no, yes = (r.match for r in prof.network.interfaces)
+    uplink = {"name": "eno1", "default_route": True}
+    fabric = {"name": "ens1f0", "default_route": False}
+    assert [matches(no, uplink), matches(no, fabric)] == [False, True]
+    assert [matches(yes, uplink), matches(yes, fabric)] == [True, False]
+    assert no.describe() == "not default_route" and yes.describe() == "default_route"

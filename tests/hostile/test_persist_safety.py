@@ -20,7 +20,9 @@ def setup(tmp_path, text=PROFILE):
     root = tmp_path / "root"
     (root / "etc/hkgpu-tune").mkdir(parents=True)
     (root / "etc/hkgpu-tune/profile.yaml").write_text("name: older\n")
-    eng = Engine(parse_profile_text(text, "t.yaml"), state_dir=str(tmp_path / "st"), backends=host())
+    src = tmp_path / "t.yaml"     # persist copies a profile file only from where no other user can write
+    src.write_text(text)
+    eng = Engine(parse_profile_text(text, str(src)), state_dir=str(tmp_path / "st"), backends=host())
     return root, eng
 
 

@@ -95,3 +95,44 @@ def test_an_ipv6_route_mtu_is_set_and_restored(net, tmp_path):
     r = net.hk("rollback", state=st)
     assert r.returncode == 0, r.stdout + r.stderr
     assert table(net, "-6") == before
+
+
+@pytest.mark.parametrize("six", [True, False], ids=["ipv6", "ipv4"])
+def test_a_route_apply_creates_is_recorded_and_removed_by_rollback(net, tmp_path, six):
+    """A route the profile creates (none before): IPv6 as IPv4, recorded whole and removed again;
+    never left in the kernel without a record."""
+    fam = "-6" if six else "-4"
+    prefix, via = ("2001:2:0:7::/64", net.ip6b) if six else ("198.19.77.0/24", net.ipb)
+    before = table(net, fam)
+    p = write_profile(tmp_path, f'network:\n  wan_routes: [{{prefix: "{prefix}", via: "{via}", mtu: 1280}}]\n')
+    st = tmp_path / "st"
+    rc, doc = net.hkjson("apply", "--profile", p, "--only", "link", state=st)
+    assert doc["error"] == "" and rc == 0, doc
+    shown = net.routes(fam, "route", "show", prefix)
+    assert "mtu 1280" in shown and f"via {via}" in shown, shown
+    r = net.hk("rollback", state=st)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert table(net, fam) == before
+
+
+def test_a_route_write_the_kernel_takes_otherwise_leaves_nothing_behind(tmp_path):
+    """The kernel shows another route than the one written (the IPv6 default metric once was such a
+    case, in the priority): the write fails, and the route it added is removed before the failure is reported, so
+    nothing is left in the kernel without a record."""
+    from hkgpu_tune.core.profile import parse_profile_text
+    from hkgpu_tune.tune.engine import Engine
+
+    from ..unit.test_engine import host
+    b = host()
+    real_route = type(b.net).route
+
+    def skewed(self, prefix, table=254):
+        r = real_route(self, prefix, table)
+        return r and {**r, "mtu": 1500}      # the kernel kept another MTU than the one written
+    b.net.route = skewed.__get__(b.net)
+    text = 'network:\n  wan_routes: [{prefix: "2001:2:0:9::/64", dev: ens1f0, mtu: 1280}]\n'
+    rep = Engine(parse_profile_text(text, "t.yaml"), only=["link"], state_dir=str(tmp_path / "st"),
+                 backends=b).apply()
+    assert "the kernel shows mtu 1500" in rep.error and rep.rolled_back, rep.error
+    assert "2001:2:0:9::/64" not in b.net.routes
+    assert not (tmp_path / "st" / "state.json").exists()

@@ -8,6 +8,8 @@ import yaml
 
 from hkgpu_tune.tune import persist
 
+from tests.helpers import role_filters
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROLE = os.path.join(REPO, "roles", "hkgpu_verify")
 
@@ -19,6 +21,7 @@ def render(name, **over):
             v.update(yaml.safe_load(f))
     v.update(over)
     env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    env.filters.update(role_filters())
     for _ in range(3):
         v = {k: env.from_string(x).render(v) if isinstance(x, str) and "{{" in x else x for k, x in v.items()}
     with open(os.path.join(ROLE, "templates", name)) as f:

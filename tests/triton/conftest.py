@@ -25,6 +25,8 @@ def profile_dict(root, ports, *, delay_us=20000, p99_ms=2000, requests=64, concu
     http, grpc, metrics = ports
     return {"name": "triton-test", "triton": {
         "server": "pytriton", "model_repository": f"{root}/models", "run_dir": f"{root}/run", "gpu": None,
+        # root starts the server as triton-server unless a profile names root (this machine has no such user)
+        "user": "root",
         "http": {"port": http}, "grpc": {"port": grpc}, "metrics": {"port": metrics},
         "models": [{
             "name": "doubler", "backend": "python", "model_file": MODEL_PY, "max_batch_size": 16,

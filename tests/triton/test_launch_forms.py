@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from hkgpu_tune.core.profile import parse_profile_text
-from hkgpu_tune.serve import launch
+from hkgpu_tune.serve import launch, records
 
 from .conftest import dump, profile_dict
 
@@ -20,6 +20,7 @@ PLACE = {"cpus": [0, 1, 2, 3, 8, 9], "mems": [0], "numa_node": 0, "source": "tes
 
 def section(tmp_path, **top):
     doc = profile_dict(tmp_path, (18000, 18001, 18002))
+    del doc["triton"]["user"]   # the forms as rendered without a user
     doc["triton"].update(top)
     return parse_profile_text(dump(doc), str(tmp_path / "p.yaml")).section("triton")
 
@@ -95,9 +96,9 @@ def test_container_unit_runs_the_container_in_the_foreground(tmp_path):
     t = section(tmp_path, launch="container", image="tritonserver:24.08-py3", gpu=0)
     text = launch.render_unit(t, PLACE)
     exec_line = next(x for x in text.splitlines() if x.startswith("ExecStart="))
-    assert exec_line.startswith("ExecStart=docker run --rm --name hkgpu-triton --gpus device=0 --network host")
+    assert exec_line.startswith(f"ExecStart={records.runtime_path('docker', required=False)} run --rm --name hkgpu-triton --gpus device=0 --network host")
     assert "--detach" not in exec_line
-    assert "ExecStop=docker stop --time 40 hkgpu-triton" in text
+    assert f"ExecStop={records.runtime_path('docker', required=False)} stop --time 40 hkgpu-triton" in text
 
 
 def test_cpu_list_and_placement_fallback(tmp_path, monkeypatch):
@@ -118,21 +119,27 @@ def test_cpu_list_and_placement_fallback(tmp_path, monkeypatch):
     assert p["source"] == "placement: GPU 0: NVML is not available; all CPUs"
 
 
-def test_a_process_whose_arguments_are_not_yet_set_up_is_not_gone():
-    """Right after exec the kernel shows an empty cmdline until the new program's arguments are set
-    up; a server checked in that moment (a loaded machine) was taken for gone, and its start failed
-    with an empty log while it ran on, left behind. Same start time and no cmdline: still ours.
-    (pid 2, kthreadd, has an empty cmdline for good.)"""
-    import os
+def test_the_record_names_the_server_only_by_program_start_time_session_and_user():
+    """A recycled pid, another program under that pid (even one named like the server), a process
+    that does not lead the session we gave the server, or one of another user is not the server:
+    root signals its process group only when all of them match what it started."""
+    import subprocess
 
     from hkgpu_tune.serve.launch import _alive, _start_ticks
-    with open("/proc/2/cmdline", "rb") as f:
-        assert f.read() == b""
-    st = {"pid": 2, "start_ticks": _start_ticks(2), "argv": ["/opt/tritonserver/bin/tritonserver"]}
-    assert _alive(st)
-    assert not _alive({**st, "start_ticks": st["start_ticks"] + 1})   # a recycled pid
-    me = {"pid": os.getpid(), "start_ticks": _start_ticks(os.getpid()), "argv": ["/opt/tritonserver/bin/tritonserver"]}
-    assert not _alive(me)   # another program under that pid
+    p = subprocess.Popen(["/bin/sleep", "30"], start_new_session=True)
+    q = subprocess.Popen(["/bin/sleep", "30"])   # same program, not a session leader
+    try:
+        st = {"pid": p.pid, "start_ticks": _start_ticks(p.pid), "argv": ["/bin/sleep", "30"], "user": None}
+        assert _alive(st)
+        assert not _alive({**st, "start_ticks": st["start_ticks"] + 1})        # a recycled pid
+        assert not _alive({**st, "argv": ["/opt/x/sleep", "30"]})               # another program, same name
+        assert not _alive({**st, "argv": ["/bin/sleep", "31"]})                 # other arguments
+        assert not _alive({**st, "user": "nobody"})                             # another user
+        assert not _alive({**st, "pid": q.pid, "start_ticks": _start_ticks(q.pid)})   # not its own session
+    finally:
+        for x in (p, q):
+            x.kill()
+            x.wait()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("pytriton") is None, reason="needs the nvidia-pytriton wheel")
@@ -154,7 +161,7 @@ def test_a_link_planted_at_the_process_record_is_refused_and_no_server_is_left(t
     victim.write_text("keep me\n")
     os.symlink(victim, os.path.join(t.run_dir, launch.PID_FILE))
     before = {q.pid for q in psutil.process_iter() if "tritonserver" in q.name()}
-    with pytest.raises(HkError, match="refusing to replace it: it is a link"):
+    with pytest.raises(HkError, match="refusing to replace it: it is a link|Too many levels of symbolic links"):
         launch.start(t)
     assert victim.read_text() == "keep me\n"
     left = {q.pid for q in psutil.process_iter() if "tritonserver" in q.name() and q.status() != psutil.STATUS_ZOMBIE}

@@ -30,7 +30,7 @@ def section(tmp_path, ports, stop_timeout_s=1, extra_args=()):
 
 
 def spawn(t, *argv) -> int:
-    return launch._spawn(launch.ServiceRef.of(t), [sys.executable, *argv], {}, None, "binary", {})
+    return launch._spawn(launch.ServiceRef.of(t), [sys.executable, *argv], {}, t.user, "binary", {})
 
 
 @pytest.fixture

@@ -43,6 +43,7 @@ def systemd(tmp_path, active=()):
 
 def plugin(tmp_path, **top):
     doc = profile_dict(tmp_path, free_ports(3))
+    del doc["triton"]["user"]   # the default user: checked, not started here
     doc["triton"].update(top)
     prof = parse_profile_text(dump(doc), str(tmp_path / "p.yaml"))
     return prof, prof.section("triton")
