@@ -149,7 +149,7 @@ def run_playbook(action: str, inventory: str, limit: str | None = None, extravar
         import ansible_runner
     except ImportError as e:
         raise HkError(f"hkgpu-tune rack needs ansible-runner and ansible-core ({e}): "
-                      "pip install 'ansible-runner>=2.3' 'ansible-core>=2.16'") from None
+                      "pip install 'hkgpu-tune[rack]' on the controller") from None
 
     base = ansible_dir()
     coll = base.joinpath(*COLLECTION)

@@ -48,7 +48,7 @@ def test_rack_without_ansible_runner_is_one_line(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "ansible_runner", None)     # import fails as if not installed
     with pytest.raises(HkError) as e:
         run_playbook("verify", str(tmp_path))
-    assert "\n" not in str(e.value) and "pip install 'ansible-runner" in str(e.value)
+    assert "\n" not in str(e.value) and "pip install 'hkgpu-tune[rack]'" in str(e.value)
 
 
 @pytest.fixture(scope="module")
