@@ -110,15 +110,26 @@ def handle_event(hosts: dict, ev: dict) -> str | None:
         r.state, r.msg = "failed", str(res.get("msg", ""))[:2000]
     elif kind == "runner_on_unreachable":
         r.state, r.msg = "unreachable", str(res.get("msg", ""))[:500]
-    if kind == "runner_on_ok" and res.get("diff"):
-        text = diff_text(res["diff"])
-        if text:
-            r.diffs.append({"task": data.get("task", ""), "diff": text})
+    if kind == "runner_on_ok":
+        for item, d in task_diffs(res):
+            text = diff_text(d)
+            if text:
+                task = data.get("task", "")
+                r.diffs.append({"task": f"{task} ({item})" if item else task, "diff": text})
     if kind in ("runner_on_ok", "runner_on_failed") and "results" in res and isinstance(res["results"], list) \
             and all(isinstance(x, dict) and "subsystem" in x for x in res["results"]):
         r.results = res["results"]
         r.failures = res.get("failures") or [x for x in res["results"] if x.get("status") in ("drift", "error")]
     return name
+
+
+def task_diffs(res: dict) -> list:
+    """(item label, diff) of a task's result: its own diff, or each loop item's."""
+    if res.get("diff"):
+        return [("", res["diff"])]
+    items = res.get("results") if isinstance(res.get("results"), list) else []
+    return [(str(x.get("_ansible_item_label", x.get("item", ""))), x["diff"]) for x in items
+            if isinstance(x, dict) and x.get("diff") and x.get("changed")]
 
 
 def diff_text(d) -> str:
@@ -143,7 +154,8 @@ def diff_text(d) -> str:
 
 def run_playbook(action: str, inventory: str, limit: str | None = None, extravars: dict | None = None,
                  tags: str | None = None, check: bool = False, on_update=None, verbosity: int = 0,
-                 forks: int | None = None, skip_tags: str | None = None, on_event=None) -> RackRun:
+                 forks: int | None = None, skip_tags: str | None = None, on_event=None,
+                 diff: bool = False) -> RackRun:
     """Run site.yml (apply), verify.yml or rollback.yml (or a playbook path) through ansible-runner."""
     try:
         import ansible_runner
@@ -166,7 +178,9 @@ def run_playbook(action: str, inventory: str, limit: str | None = None, extravar
     if skip_tags:
         cmdline += ["--skip-tags", skip_tags]
     if check:
-        cmdline += ["--check", "--diff"]
+        cmdline += ["--check"]
+    if check or diff:
+        cmdline += ["--diff"]
 
     def handler(ev):
         if on_event:
@@ -206,7 +220,9 @@ def add_parser(sub) -> None:
                    help="ansible-playbook's -v (repeat for more); its output is printed as it comes")
     p.add_argument("--check", "-C", action="store_true", help="check mode with diff: change nothing, "
                                                               "show what would change")
-    p.add_argument("--extra-vars", "-e", action="append", default=[], metavar="KEY=VALUE or JSON")
+    p.add_argument("--diff", "-D", action="store_true", help="show the text of each file and setting that changes")
+    p.add_argument("--extra-vars", "-e", action="append", default=[], metavar="KEY=VALUE, JSON or @FILE",
+                   help="ansible's extra variables; @FILE reads a YAML or JSON file of them")
     p.add_argument("--json", action="store_true", help="machine-readable per-host results")
     p.set_defaults(extra_run=cli_run)
 
@@ -214,7 +230,9 @@ def add_parser(sub) -> None:
 def _extravars(items) -> dict:
     out = {}
     for s in items:
-        if s.lstrip().startswith("{"):
+        if s.startswith("@"):
+            out.update(_vars_file(s[1:]))
+        elif s.lstrip().startswith("{"):
             try:
                 out.update(json.loads(s))
             except ValueError as e:
@@ -225,6 +243,25 @@ def _extravars(items) -> dict:
         else:
             raise HkError(f"--extra-vars: expected KEY=VALUE or JSON, got {s!r}")
     return out
+
+
+def _vars_file(path: str) -> dict:
+    """-e @FILE: a YAML (or JSON) mapping of variables."""
+    import yaml
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+    except OSError as e:
+        raise HkError(f"--extra-vars @{path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark else ""
+        raise HkError(f"--extra-vars @{path}{where}: not valid YAML: {getattr(e, 'problem', e)}") from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict):
+        raise HkError(f"--extra-vars @{path}: expected a mapping of variables, got {type(doc).__name__}")
+    return doc
 
 
 def _positive(v: str) -> int:
@@ -278,6 +315,30 @@ def summary_table(run: RackRun):
     return t
 
 
+TASK_EVENTS = {"runner_on_ok": "ok", "runner_on_failed": "failed", "runner_on_unreachable": "unreachable"}
+
+
+def task_lines(ev: dict, diffs: bool = False) -> list[str]:
+    """`HOST: TASK: ok|changed|failed|unreachable[: message]` for one finished task (skipped ones
+    print nothing), then its diff when asked."""
+    kind, data = ev.get("event", ""), ev.get("event_data") or {}
+    if kind not in TASK_EVENTS or not data.get("host"):
+        return []
+    res = data.get("res") or {}
+    state = "changed" if kind == "runner_on_ok" and res.get("changed") else TASK_EVENTS[kind]
+    if kind == "runner_on_failed" and data.get("ignore_errors"):
+        state = "failed (ignored)"
+    line = f"{data['host']}: {data.get('task', '')}: {state}"
+    if kind != "runner_on_ok" and res.get("msg"):
+        line += ": " + " ".join(str(res["msg"]).split())[:300]
+    out = [line]
+    if diffs and kind == "runner_on_ok":
+        for item, d in task_diffs(res):
+            text = diff_text(d)
+            out += ([f"  {item}:"] if item else []) + ["  " + x for x in text.rstrip("\n").split("\n") if text]
+    return out
+
+
 def _print_diffs(run: RackRun, out) -> None:
     for r in sorted(run.hosts.values(), key=lambda r: r.host):
         for d in r.diffs:
@@ -302,6 +363,11 @@ def cli_run(args) -> int:
         tty = sys.stdout.isatty()
         kw["on_event"] = lambda ev: ev.get("stdout") and print(
             ev["stdout"] if tty else re.sub(r"\x1b\[[0-9;]*m", "", ev["stdout"]), flush=True)
+    kw["diff"] = args.diff
+    show_diff = args.check or args.diff
+    streaming = not args.json and not args.verbose and not sys.stdout.isatty()
+    if streaming:    # a line per host and task as it finishes (and its diff), for logs and CI
+        kw["on_event"] = lambda ev: [print(line, flush=True) for line in task_lines(ev, show_diff)]
     if args.json:
         run = run_playbook(args.action, args.inventory, args.limit, extra, args.tags, args.check, **kw)
         print(json.dumps(envelope(f"rack {args.action}", run.to_dict()), indent=2, default=str))
@@ -311,13 +377,13 @@ def cli_run(args) -> int:
         with Live(_progress({}), console=con, refresh_per_second=8, transient=True) as live:
             run = run_playbook(args.action, args.inventory, args.limit, extra, args.tags, args.check,
                                on_update=lambda hosts: live.update(_progress(hosts)), **kw)
-        if args.check:
+        if show_diff:
             _print_diffs(run, lambda s: con.print(Text(s, style="green" if s[:1] == "+" else
                                                        "red" if s[:1] == "-" else ""), soft_wrap=True))
         con.print(summary_table(run))
     else:   # a pipe, a log, CI: plain lines, one per host, no control characters
         run = run_playbook(args.action, args.inventory, args.limit, extra, args.tags, args.check, **kw)
-        if args.check:
+        if show_diff and not streaming:
             _print_diffs(run, print)
         for r in sorted(run.hosts.values(), key=lambda r: r.host):
             print(host_line(r))
