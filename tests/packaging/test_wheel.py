@@ -57,7 +57,7 @@ def venv(wheel, tmp_path_factory):
     d = tmp_path_factory.mktemp("venv")
     t0 = time.monotonic()
     subprocess.run([sys.executable, "-m", "venv", str(d)], check=True, capture_output=True, timeout=120)
-    r = subprocess.run([str(d / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check", wheel],
+    r = subprocess.run([str(d / "bin" / "pip"), "install", "--quiet", "--disable-pip-version-check", f"{wheel}[rack]"],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     print(f"venv + pip install: {time.monotonic() - t0:.1f} s")
@@ -67,10 +67,22 @@ def venv(wheel, tmp_path_factory):
 def cli(venv, cwd, *argv):
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "ANSIBLE_CONFIG", "VIRTUAL_ENV")}
     env["PATH"] = "/usr/sbin:/usr/bin:/sbin:/bin"      # nothing of the test's environment
+    env["XDG_CACHE_HOME"] = str(cwd / ".cache")        # the controller's wheel cache (hkgpu_install's default)
     r = subprocess.run([str(venv / "bin" / "hkgpu-tune"), *argv], capture_output=True, text=True, cwd=cwd,
                        env=env, timeout=600)
     assert r.stdout.strip(), f"rc {r.returncode}: {r.stderr[-3000:]}"
     return r.returncode, json.loads(r.stdout), r.stderr
+
+
+def node_files(python: str) -> dict:
+    """hkgpu_tune's installed files and their checksums, as that Python's environment holds them."""
+    code = ("import hashlib, json, importlib.metadata as m; d = m.distribution('hkgpu-tune'); "
+            "print(json.dumps({str(f): hashlib.sha1(f.locate().read_bytes()).hexdigest() for f in d.files "
+            "if str(f).startswith('hkgpu_tune/') and '__pycache__' not in str(f)}))")
+    r = subprocess.run([python, "-I", "-c", code], capture_output=True, text=True, check=True)
+    files = json.loads(r.stdout)
+    assert len(files) > 50, files
+    return files
 
 
 @pytest.mark.root
@@ -82,10 +94,9 @@ def test_rack_apply_verify_rollback_from_the_wheel(venv, wheel, rack, tmp_path):
                            capture_output=True, text=True, cwd=away, check=True).stdout
     assert where.startswith(str(venv)), where
     inv, hosts = rack["inventory"], rack["hosts"]
-    # the node install takes this same wheel (no source tree to build one from)
-    extra = ["-e", f"hkgpu_install_wheel_dir={os.path.dirname(wheel)}"]
 
-    rc, doc, err = cli(venv, away, "rack", "apply", "-i", inv, "--json", *extra)
+    # no extra variables: the controller ships the hkgpu_tune it runs (this venv's) and its dependencies
+    rc, doc, err = cli(venv, away, "rack", "apply", "-i", inv, "--json")
     assert rc == 0, (err[-2000:], doc)
     assert doc["playbook"].startswith(str(venv)), doc["playbook"]     # the wheel's playbooks, not the tree's
     assert sorted(doc["hosts"]) == hosts
@@ -94,6 +105,16 @@ def test_rack_apply_verify_rollback_from_the_wheel(venv, wheel, rack, tmp_path):
     for h in hosts:      # really changed on each host, read with the system's tools
         s = simrack.snapshot(h)
         assert "mtu 9000" in s["link"] and s["net.ipv4.tcp_fin_timeout"] == "15", (h, s)
+    # each node's venv holds the same files as the controller's hkgpu_tune, the dependencies its
+    # python3 lacked, and no ansible
+    node = os.path.join(rack["dir"], hosts[0], "opt", "hkgpu-tune", "bin", "python")
+    assert node_files(node) == node_files(str(venv / "bin" / "python"))
+    probe = "import importlib.util as u; print([m for m in ('psutil', 'pyroute2', 'ansible', 'ansible_runner') " \
+            "if u.find_spec(m)])"
+    assert subprocess.run(["/usr/bin/python3", "-c", "import importlib.util as u; print(u.find_spec('psutil'))"],
+                          capture_output=True, text=True).stdout.strip() == "None"    # shipped, not there before
+    assert subprocess.run([node, "-c", probe], capture_output=True, text=True, cwd=away).stdout.strip() == \
+        "['psutil', 'pyroute2']"
 
     rc, doc, err = cli(venv, away, "rack", "verify", "-i", inv, "--json")
     assert rc == 0, (err[-2000:], doc)

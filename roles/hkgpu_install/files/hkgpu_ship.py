@@ -191,23 +191,23 @@ def dependencies(wheel: str, deps: str) -> list[str]:
     return done
 
 
-def ship(out: str, wheel: str | None = None) -> dict:
+def ship(out: str, wheel: str | None = None, deps: bool = True) -> dict:
     os.makedirs(out, exist_ok=True)
     if wheel:
         if not os.path.isfile(wheel):
             raise ShipError(f"hkgpu_install_wheel: {wheel}: no such file")
     else:
         wheel, _ = own_wheel(out)
-    deps = os.path.join(out, "deps")
-    shutil.rmtree(deps, ignore_errors=True)
-    os.makedirs(deps)
-    packed = dependencies(wheel, deps)
+    where = os.path.join(out, "deps")
+    shutil.rmtree(where, ignore_errors=True)
+    os.makedirs(where)
+    packed = dependencies(wheel, where) if deps else []
     h = hashlib.sha1()
     for p in [wheel] + sorted(packed):
         h.update(os.path.basename(p).encode() + b"\0")
         with open(p, "rb") as f:
             h.update(hashlib.sha1(f.read()).digest())
-    return {"wheel": wheel, "deps": deps, "sha1": h.hexdigest(), "packed": [os.path.basename(p) for p in packed]}
+    return {"wheel": wheel, "deps": where, "sha1": h.hexdigest(), "packed": [os.path.basename(p) for p in packed]}
 
 
 def main(argv=None) -> int:
@@ -215,11 +215,12 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="", help="directory on the controller for the wheels (default: "
                     "$XDG_CACHE_HOME/hkgpu-tune/wheels, else ~/.cache/hkgpu-tune/wheels)")
     ap.add_argument("--wheel", help="this hkgpu_tune wheel rather than the one this Python imports")
+    ap.add_argument("--no-deps", action="store_true", help="only the hkgpu_tune wheel")
     a = ap.parse_args(argv)
     try:
         out = a.out or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
                                     "hkgpu-tune", "wheels")
-        print(json.dumps(ship(os.path.expanduser(out), a.wheel or None)))
+        print(json.dumps(ship(os.path.expanduser(out), a.wheel or None, deps=not a.no_deps)))
     except (ShipError, OSError) as e:
         print(f"hkgpu_install: {e}", file=sys.stderr)
         return 1
