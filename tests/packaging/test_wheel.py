@@ -34,6 +34,7 @@ def test_the_wheel_carries_every_role_playbook_the_module_and_the_inventory(whee
         assert f"{COLL}playbooks/{p}" in names, p
     for f in ("plugins/modules/hkgpu.py", "galaxy.yml", "meta/runtime.yml"):
         assert COLL + f in names, f
+    assert any(n.endswith(".dist-info/LICENSE") for n in names) and COLL + "LICENSE" in names
     assert "hkgpu_tune/ansible/ansible.cfg" in names and "hkgpu_tune/ansible/inventory/hk/hosts.yml" in names
     assert not [n for n in names if "__pycache__" in n or n.endswith(".pyc")]
     meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith(".dist-info/METADATA"))).decode()
