@@ -96,6 +96,15 @@ def test_rack_apply_verify_rollback_from_the_wheel(venv, wheel, rack, tmp_path):
     assert where.startswith(str(venv)), where
     inv, hosts = rack["inventory"], rack["hosts"]
 
+    # check mode on fresh nodes: the install is reported, nothing fails, nothing is written
+    rc, doc, err = cli(venv, away, "rack", "apply", "-i", inv, "--check", "--json")
+    assert rc == 0, (err[-2000:], doc)
+    for h, r in doc["hosts"].items():
+        assert r["changed"] > 0 and not r["failed"] and not r["unreachable"], (h, r)
+    for h in hosts:
+        assert simrack.snapshot(h) == rack["originals"][h], h
+        assert not os.path.exists(os.path.join(rack["dir"], h, "opt", "hkgpu-tune", "bin")), h
+
     # no extra variables: the controller ships the hkgpu_tune it runs (this venv's) and its dependencies
     rc, doc, err = cli(venv, away, "rack", "apply", "-i", inv, "--json")
     assert rc == 0, (err[-2000:], doc)
