@@ -30,7 +30,7 @@ PLAYBOOK = """\
       ansible.builtin.fail:
         msg: "tags={{ ansible_run_tags | sort | join(',') }} skip={{ ansible_skip_tags | sort | join(',') }}
           limit={{ ansible_limit | default('') }} forks={{ ansible_forks }} verbosity={{ ansible_verbosity }}
-          check={{ ansible_check_mode }} diff={{ ansible_diff_mode }} note={{ note | default('') }}"
+          check={{ ansible_check_mode }} diff={{ ansible_diff_mode }}"
       tags: [always]
 """
 
@@ -62,8 +62,8 @@ def test_flags_reach_ansible_playbook_and_check_shows_the_diff(rack):
            "--check")
     out = p.stdout
     assert "\x1b[" not in out, out   # not a terminal: no colour codes
-    flags = "tags=link,sysctl skip=qdisc limit=node1 forks=7 verbosity=2 check=True diff=True note="
-    assert f"node1: failed ok=1 changed=1 failed=1 unreachable=0: {flags}" in out.splitlines(), out
+    flags = "tags=link,sysctl skip=qdisc limit=node1 forks=7 verbosity=2 check=True diff=True"
+    assert f"node1: failed ok=1 changed=1 failed=1 unreachable=0: {flags}" in unwrap(out), out
     assert "node2" not in out.replace("node2.conf", "")   # --limit
     # --check: the diff as ansible --diff shows it, and nothing changed
     conf = rack["dir"] / "node1.conf"
@@ -74,24 +74,55 @@ def test_flags_reach_ansible_playbook_and_check_shows_the_diff(rack):
     assert p.returncode == 1, p.stderr
 
 
+def unwrap(text: str) -> list[str]:
+    """Lines as printed before wrapping at 80 columns (continuations are indented 4)."""
+    out: list[str] = []
+    for ln in text.splitlines():
+        if ln.startswith("    ") and out:
+            out[-1] += " " + ln.strip()
+        else:
+            out.append(ln)
+    return out
+
+
+TASK = re.compile(r"^(\S+) (ok|changed|failed|unreachable): (.*)$")
+
+
 def test_plain_lines_per_host_and_defaults(rack):
     p = hk(rack)
-    lines = p.stdout.splitlines()
-    # a line per host and task as each finishes, then one per host and the total
-    tasks, summary = lines[:-3], lines[-3:]
-    assert sorted(tasks) == ["node1: a file that check mode would change: changed",
-                             "node1: the flags ansible-playbook was given: failed: tags=all skip= limit= forks=5 "
-                             "verbosity=0 check=False diff=False note=",
-                             "node2: a file that check mode would change: changed",
-                             "node2: the flags ansible-playbook was given: failed: tags=all skip= limit= forks=5 "
-                             "verbosity=0 check=False diff=False note="], p.stdout
-    assert [ln.split(":")[0] for ln in summary] == ["node1", "node2", "verify.yml"], p.stdout
+    assert not [ln for ln in p.stdout.splitlines() if len(ln) > 80], p.stdout
+    lines = unwrap(p.stdout)
+    # each host's task as it finished, then one line per host and the total
+    tasks = [TASK.match(ln).groups() for ln in lines if TASK.match(ln)]
+    assert sorted(tasks) == [("node1", "changed", "a file that check mode would change"),
+                             ("node1", "failed", "the flags ansible-playbook was given"),
+                             ("node2", "changed", "a file that check mode would change"),
+                             ("node2", "failed", "the flags ansible-playbook was given")], p.stdout
+    assert lines.index([ln for ln in lines if TASK.match(ln)][-1]) < len(tasks)   # streamed before the summary
+    lines = [ln for ln in lines if not TASK.match(ln)]
+    assert [ln.split(":")[0] for ln in lines] == ["node1", "node2", "verify.yml"], p.stdout
     for h in ("node1", "node2"):
         assert f"{h}: failed ok=1 changed=1 failed=1 unreachable=0: tags=all skip= limit= forks=5 verbosity=0 " \
-               "check=False diff=False note=" in summary, p.stdout
+               "check=False diff=False" in lines, p.stdout
     assert re.fullmatch(r"verify\.yml: 2 host\(s\), 2 failed, \d+\.\d s", lines[-1])
     assert (rack["dir"] / "node1.conf").read_text() == "mtu 9000\n"   # not --check: applied
     assert p.stderr == "" and p.returncode == 1
+
+
+def test_diff_without_check_and_extra_vars_from_a_file(rack, tmp_path):
+    """--diff alone: applied, and the diff shown; -e @FILE: YAML variables, as ansible-playbook takes them."""
+    (tmp_path / "vars.yml").write_text(f"target_file: {tmp_path / 'other.conf'}\n")
+    (tmp_path / "other.conf").write_text("mtu 1500\n")
+    p = hk(rack, "--diff", "-l", "node1", "-e", f"@{tmp_path / 'vars.yml'}")
+    assert "check=False diff=True" in " ".join(unwrap(p.stdout)), p.stdout
+    assert "--- node1: a file that check mode would change" in p.stdout and "+mtu 9000" in p.stdout
+    assert (tmp_path / "other.conf").read_text() == "mtu 9000\n"           # the file's variable won
+    assert (rack["dir"] / "node1.conf").read_text() == "mtu 1500\n"
+    (tmp_path / "bad.yml").write_text("target_file: [unclosed\n")
+    for arg, msg in ((f"@{tmp_path / 'bad.yml'}", f"--extra-vars @{tmp_path / 'bad.yml'}:2: not valid YAML"),
+                     (f"@{tmp_path / 'none.yml'}", "No such file or directory")):
+        p = hk(rack, "-e", arg)
+        assert p.returncode == 1 and p.stdout == "" and msg in p.stderr and p.stderr.count("\n") == 1, p.stderr
 
 
 def test_json_envelope_with_the_diffs(rack):
@@ -110,26 +141,3 @@ def test_bad_forks_is_a_usage_error(rack):
     p = hk(rack, "--forks", "0")
     assert p.returncode == 1 and p.stdout == ""
     assert p.stderr.startswith("hkgpu-tune: error: argument --forks/-f: expected a positive number, got 0")
-
-
-def test_diff_without_check_and_extra_vars_from_a_file(rack, tmp_path):
-    """--diff applies and shows each change under its task line; -e @FILE reads YAML variables."""
-    (tmp_path / "vars.yml").write_text("note: from-a-file\n")
-    p = hk(rack, "--diff", "-e", f"@{tmp_path / 'vars.yml'}", "-l", "node1")
-    conf = rack["dir"] / "node1.conf"
-    assert f"node1: a file that check mode would change: changed\n  --- {conf}\n  +++ {conf}\n  @@ -1 +1 @@\n" \
-           f"  -mtu 1500\n  +mtu 9000\n" in p.stdout, p.stdout
-    assert "check=False diff=True note=from-a-file" in p.stdout, p.stdout
-    assert conf.read_text() == "mtu 9000\n"      # --diff alone applies
-
-
-@pytest.mark.parametrize("text, error", [
-    ("x: 1\nnote: a: b\n", "vars.yml:2: not valid YAML: mapping values are not allowed here"),
-    ("- a list\n", "vars.yml: expected a mapping of variables, got list"),
-])
-def test_a_bad_extra_vars_file_is_one_line(rack, tmp_path, text, error):
-    (tmp_path / "vars.yml").write_text(text)
-    p = hk(rack, "-e", f"@{tmp_path / 'vars.yml'}")
-    assert p.returncode == 1 and p.stdout == "", p.stdout
-    assert error in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
-    assert (rack["dir"] / "node1.conf").read_text() == "mtu 1500\n"
