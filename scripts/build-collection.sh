@@ -27,6 +27,10 @@ dst="$stage/ansible_collections/hkgpu/tune"
 mkdir -p "$dst"
 cp -rL "$src/." "$dst/"
 find "$dst" \( -name __pycache__ -o -name '*.pyc' -o -name '*.retry' \) -prune -exec rm -rf {} +
+# the toolkit's wheel, built from this tree: hkgpu_install ships it to the nodes (the same version)
+PYTHONPATH="$PWD" "$PY" roles/hkgpu_install/files/hkgpu_ship.py --no-deps --out "$stage/wheels" >"$stage/ship.json"
+"$PY" -c 'import json, shutil, sys; shutil.copy(json.load(open(sys.argv[1]))["wheel"], sys.argv[2])' \
+  "$stage/ship.json" "$dst/roles/hkgpu_install/files/"
 mkdir -p "$out"
 "$GALAXY" collection build --force --output-path "$out" "$dst" >&2
 ls "$out"/hkgpu-tune-*.tar.gz | sort -V | tail -1

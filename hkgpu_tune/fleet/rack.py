@@ -110,15 +110,26 @@ def handle_event(hosts: dict, ev: dict) -> str | None:
         r.state, r.msg = "failed", str(res.get("msg", ""))[:2000]
     elif kind == "runner_on_unreachable":
         r.state, r.msg = "unreachable", str(res.get("msg", ""))[:500]
-    if kind == "runner_on_ok" and res.get("diff"):
-        text = diff_text(res["diff"])
-        if text:
-            r.diffs.append({"task": data.get("task", ""), "diff": text})
+    if kind == "runner_on_ok":
+        for item, d in task_diffs(res):
+            text = diff_text(d)
+            if text:
+                task = data.get("task", "")
+                r.diffs.append({"task": f"{task} ({item})" if item else task, "diff": text})
     if kind in ("runner_on_ok", "runner_on_failed") and "results" in res and isinstance(res["results"], list) \
             and all(isinstance(x, dict) and "subsystem" in x for x in res["results"]):
         r.results = res["results"]
         r.failures = res.get("failures") or [x for x in res["results"] if x.get("status") in ("drift", "error")]
     return name
+
+
+def task_diffs(res: dict) -> list:
+    """(item label, diff) of a task's result: its own diff, or each changed loop item's."""
+    if res.get("diff"):
+        return [("", res["diff"])]
+    items = res.get("results") if isinstance(res.get("results"), list) else []
+    return [(str(x.get("_ansible_item_label", x.get("item", ""))), x["diff"]) for x in items
+            if isinstance(x, dict) and x.get("diff") and x.get("changed")]
 
 
 def diff_text(d) -> str:
@@ -150,7 +161,7 @@ def run_playbook(action: str, inventory: str, limit: str | None = None, extravar
         import ansible_runner
     except ImportError as e:
         raise HkError(f"hkgpu-tune rack needs ansible-runner and ansible-core ({e}): "
-                      "pip install 'ansible-runner>=2.3' 'ansible-core>=2.16'") from None
+                      "pip install 'hkgpu-tune[rack]' on the controller") from None
 
     base = ansible_dir()
     coll = base.joinpath(*COLLECTION)

@@ -40,11 +40,14 @@ def rack(tmp_path_factory):
     """A rack of HOSTS simulated hosts; removed afterwards."""
     if os.geteuid() != 0:
         pytest.skip("the simulated rack needs root (network namespaces, sshd)")
-    why = missing_tool(("/usr/sbin/sshd", "ssh", "ssh-keygen", "ip", "ethtool", "ansible-playbook"))
+    why = missing_tool(("/usr/sbin/sshd", "ssh", "ssh-keygen", "ip", "ethtool", "ansible-playbook", "/usr/bin/python3"))
     if why:
         pytest.skip(why)
     run = str(tmp_path_factory.mktemp("hkrack"))
-    inv = simrack.up(HOSTS, run=run)
+    # as an operator's inventory: connection, per-host paths and the settings; the node venv is
+    # made from the system's python3 (the role's default), which lacks some dependencies: the
+    # controller ships them
+    inv = simrack.up(HOSTS, run=run, python=None)
     names = simrack.host_names(HOSTS)
     try:
         yield {"inventory": inv, "hosts": names, "dir": run,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -47,7 +48,8 @@ def installed(tarball, tmp_path_factory):
                    "retry_files_enabled = False\n[ssh_connection]\npipelining = True\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANSIBLE_")}
     env.update(ANSIBLE_CONFIG=str(cfg), ANSIBLE_NOCOLOR="1")
-    return {"dir": d, "coll": d / "ansible_collections" / "hkgpu" / "tune", "env": env}
+    version = tomllib.load(open(os.path.join(REPO, "pyproject.toml"), "rb"))["project"]["version"]
+    return {"dir": d, "coll": d / "ansible_collections" / "hkgpu" / "tune", "env": env, "version": version}
 
 
 def test_the_tarball_holds_every_role_and_playbook_and_no_links(tarball):
@@ -63,9 +65,12 @@ def test_the_tarball_holds_every_role_and_playbook_and_no_links(tarball):
     for p in os.listdir(os.path.join(REPO, "playbooks")):
         if p.endswith(".yml"):
             assert f"playbooks/{p}" in names, p
-    assert "plugins/modules/hkgpu.py" in names and "meta/runtime.yml" in names
-    info = manifest["collection_info"]
+    assert "plugins/modules/hkgpu.py" in names and "meta/runtime.yml" in names and "LICENSE" in names
+    # the toolkit's wheel, which hkgpu_install ships to the nodes: the collection's own version
+    wheels = [n for n in names if n.startswith("roles/hkgpu_install/files/hkgpu_tune-") and n.endswith(".whl")]
     version = tomllib.load(open(os.path.join(REPO, "pyproject.toml"), "rb"))["project"]["version"]
+    assert wheels == [f"roles/hkgpu_install/files/hkgpu_tune-{version}-py3-none-any.whl"], wheels
+    info = manifest["collection_info"]
     assert (info["namespace"], info["name"], info["version"]) == ("hkgpu", "tune", version)
 
 
@@ -101,6 +106,17 @@ def test_ansible_doc_shows_requirements_author_and_attributes(installed, tmp_pat
     assert "REQUIREMENTS" in text and "check_mode" in text and "diff_mode" in text and "AUTHOR" in text
 
 
+@pytest.mark.skipif(not shutil.which("ansible-lint"), reason="ansible-lint is not installed (pip install -e .[test])")
+def test_the_installed_collection_passes_ansible_lint_production(installed):
+    # as a user checks it where ansible-galaxy put it (not published: no repository URL)
+    r = subprocess.run(["ansible-lint", "--offline", "--profile", "production", "--nocolor",
+                        "--skip-list", "galaxy[no-repository]"], capture_output=True, text=True,
+                       cwd=installed["coll"], timeout=600,
+                       env={**installed["env"], "ANSIBLE_COLLECTIONS_PATH": str(installed["dir"])})
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+    assert "Profile 'production' was required, and it passed" in r.stderr + r.stdout
+
+
 def recap(out: str) -> dict:
     rows = re.findall(r"^(\S+)\s+:\s+ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)", out, re.M)
     assert rows, out[-3000:]
@@ -109,13 +125,14 @@ def recap(out: str) -> dict:
 
 @pytest.mark.root
 @pytest.mark.slow
-def test_the_installed_collections_playbooks_run_on_a_simulated_host(installed, wheel, rack, tmp_path):
+def test_the_installed_collections_playbooks_run_on_a_simulated_host(installed, rack, tmp_path):
     host = rack["hosts"][0]
+    cache = tmp_path / "cache"       # the controller's wheel cache (hkgpu_install's default place)
 
-    def play(name, *extra):
-        return subprocess.run(["ansible-playbook", "-i", rack["inventory"], "-l", host, f"hkgpu.tune.{name}",
-                               "-e", f"hkgpu_install_wheel_dir={os.path.dirname(wheel)}", *extra],
-                              capture_output=True, text=True, timeout=600, cwd=tmp_path, env=installed["env"])
+    def play(name, *extra):      # no extra variables
+        return subprocess.run(["ansible-playbook", "-i", rack["inventory"], "-l", host, f"hkgpu.tune.{name}", *extra],
+                              capture_output=True, text=True, timeout=600, cwd=tmp_path,
+                              env={**installed["env"], "XDG_CACHE_HOME": str(cache)})
 
     syntax = play("site", "--syntax-check")
     assert syntax.returncode == 0 and str(installed["coll"] / "playbooks" / "site.yml") in syntax.stdout, \
@@ -125,6 +142,10 @@ def test_the_installed_collections_playbooks_run_on_a_simulated_host(installed, 
     assert r.returncode == 0 and rc[host]["failed"] == 0 and rc[host]["changed"] > 0, r.stdout[-3000:]
     s = simrack.snapshot(host)
     assert "mtu 9000" in s["link"] and s["net.ipv4.tcp_fin_timeout"] == "15", s
+    # the node got the collection's own wheel (nothing built on the controller), dependencies beside it
+    assert sorted(p.name for p in (cache / "hkgpu-tune" / "wheels").iterdir()) == ["deps"]
+    node = os.path.join(rack["dir"], host, "opt", "hkgpu-tune", "wheels")
+    assert sorted(os.listdir(node)) == ["deps", f"hkgpu_tune-{installed['version']}-py3-none-any.whl"]
     other = rack["hosts"][1]
     assert simrack.snapshot(other) == rack["originals"][other]          # -l: the other host untouched
     r = play("verify")

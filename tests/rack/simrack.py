@@ -120,8 +120,9 @@ def site_dirs(python: str) -> list[str]:
     return sorted(set(out[1:])) if out[0] == "True" else []
 
 
-def inventory(n: int, run: str, python: str) -> str:
-    """An inventory directory: hosts.yml (connection) + group_vars of the simulated rack."""
+def inventory(n: int, run: str, python: str | None) -> str:
+    """An inventory directory: hosts.yml (connection, per-host paths) + group_vars of the simulated
+    rack. python: the Python the node venv is made from (None: the role's default, the system's)."""
     inv = os.path.join(run, "inventory")
     os.makedirs(inv, exist_ok=True)
     key = os.path.join(run, "id_ed25519")
@@ -136,10 +137,6 @@ def inventory(n: int, run: str, python: str) -> str:
             "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null",
             "ansible_python_interpreter": "/usr/bin/python3",
             "simrack_dir": run,
-            "hkgpu_install_base_python": python,
-            # the node venv is made from `python`; if that is itself a venv, its packages (the
-            # dependencies) are not the base's system site-packages: add them with a .pth file
-            "hkgpu_install_site_dirs": site_dirs(python),
             "hkgpu_prefix": run + "/{{ inventory_hostname }}/opt/hkgpu-tune",
             "hkgpu_state_dir": run + "/{{ inventory_hostname }}/var/lib/hkgpu-tune",
             # node_exporter's textfile directory, per host (only /etc is private to a simulated host)
@@ -147,6 +144,12 @@ def inventory(n: int, run: str, python: str) -> str:
         },
         "children": {"hk_sim": {"children": {"rack_sim1": {"hosts": hosts}}}},
     }}
+    if python:
+        doc["all"]["vars"].update({
+            "hkgpu_install_base_python": python,
+            # the node venv is made from `python`; if that is itself a venv, its packages (the
+            # dependencies) are not the base's system site-packages: add them with a .pth file
+            "hkgpu_install_site_dirs": site_dirs(python)})
     import yaml
     with open(os.path.join(inv, "hosts.yml"), "w") as f:
         yaml.safe_dump(doc, f, sort_keys=False)
@@ -157,7 +160,7 @@ def inventory(n: int, run: str, python: str) -> str:
     return os.path.join(inv, "hosts.yml")
 
 
-def up(n: int = 4, run: str = RUN_DIR, python: str = sys.executable) -> str:
+def up(n: int = 4, run: str = RUN_DIR, python: str | None = sys.executable) -> str:
     """Build the rack (removing a stale one first); returns the inventory file."""
     down(run, quiet=True)
     os.makedirs(run, exist_ok=True)

@@ -1,6 +1,7 @@
 """ansible-lint, production profile, over roles/, playbooks/ and the collection hkgpu.tune; every
 call of the project's module and roles by its FQCN (hkgpu.tune.*), so the collection works alone."""
 import glob
+import json
 import os
 import shutil
 import subprocess
@@ -56,3 +57,35 @@ def test_every_module_and_role_reference_is_fqcn():
     assert not bad, "\n".join(bad)
     assert not os.path.exists(os.path.join(REPO, "roles", "hkgpu", "library")), \
         "one module: collections/.../plugins/modules/hkgpu.py"
+
+
+def test_every_role_has_an_argument_spec_of_its_defaults_and_a_readme():
+    """meta/argument_specs.yml names every public variable of defaults/main.yml (ansible checks them when
+    the role starts and ansible-doc -t role shows them); the role's README lists them too."""
+    roles = sorted(r for r in os.listdir(os.path.join(REPO, "roles")) if os.path.isdir(os.path.join(REPO, "roles", r)))
+    assert len(roles) >= 8
+    for role in roles:
+        d = os.path.join(REPO, "roles", role)
+        spec = yaml.safe_load(open(os.path.join(d, "meta", "argument_specs.yml")))["argument_specs"]["main"]
+        defaults_file = os.path.join(d, "defaults", "main.yml")
+        defaults = (yaml.safe_load(open(defaults_file)) or {}) if os.path.exists(defaults_file) else {}
+        assert sorted(spec["options"]) == sorted(defaults), role
+        readme = open(os.path.join(d, "README.md")).read()
+        for name, opt in spec["options"].items():
+            assert opt.get("description") and opt["description"] != name, (role, name)
+            assert f"`{name}`" in readme, (role, name)
+
+
+@pytest.mark.skipif(not shutil.which("ansible-doc"), reason="ansible-doc is not installed (pip install -e .[test])")
+def test_ansible_doc_shows_each_roles_variables(tmp_path):
+    r = subprocess.run(["ansible-doc", "--json", "-t", "role", "-l"], capture_output=True, text=True, cwd=tmp_path,
+                       timeout=120, env={**os.environ, "ANSIBLE_CONFIG": os.path.join(REPO, "ansible.cfg")})
+    assert r.returncode == 0, r.stderr[-2000:]
+    listed = json.loads(r.stdout)
+    for role in ("hkgpu_install", "hkgpu_network", "hkgpu_verify"):
+        assert f"hkgpu.tune.{role}" in listed, sorted(listed)
+    r = subprocess.run(["ansible-doc", "--json", "-t", "role", "hkgpu.tune.hkgpu_install"], capture_output=True,
+                       text=True, cwd=tmp_path, timeout=120,
+                       env={**os.environ, "ANSIBLE_CONFIG": os.path.join(REPO, "ansible.cfg")})
+    doc = json.loads(r.stdout)["hkgpu.tune.hkgpu_install"]["entry_points"]["main"]
+    assert "hkgpu_install_wheel" in doc["options"] and doc["options"]["hkgpu_install_wheel"]["type"] == "str"

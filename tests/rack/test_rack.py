@@ -102,14 +102,34 @@ def test_drift_reported_for_that_host_and_key_only(rack):
     assert [f["key"] for f in doc["hosts"][host]["failures"]] == ["net.ipv4.tcp_fin_timeout"]
 
 
+TIMER = "/etc/systemd/system/hkgpu-tune-verify.timer"
+TIMER_LINK = "/etc/systemd/system/timers.target.wants/hkgpu-tune-verify.timer"
+
+
 def test_check_mode_reports_the_fix_and_changes_nothing(rack):
+    """The drifted sysctl, an edited unit and a missing wants link: each reported with its diff, none written."""
     host = rack["hosts"][2]
+    simrack.nsexec(host, "sed", "-i", "s/^AccuracySec=.*/AccuracySec=1s/", TIMER)
+    simrack.nsexec(host, "rm", TIMER_LINK)
+    before = simrack.nsexec(host, "sha1sum", TIMER).stdout
     run = play(rack, "apply", check=True)
-    assert run.rc == 0
-    assert {h: r.changed for h, r in run.hosts.items()} == {h: int(h == host) for h in rack["hosts"]}
+    assert run.rc == 0, {h: r.msg for h, r in run.hosts.items()}
+    # the sysctl, the unit and the link
+    assert {h: r.changed for h, r in run.hosts.items()} == {h: 3 if h == host else 0 for h in rack["hosts"]}
+    diffs = {d["task"]: d["diff"] for d in run.hosts[host].diffs}
+    unit = next(d for t, d in diffs.items() if TIMER in t and "link" not in t.lower())
+    assert "-AccuracySec=1s\n+AccuracySec=10s\n" in unit, diffs
+    link = next(d for t, d in diffs.items() if TIMER_LINK in t)
+    assert '-  "state": "absent"' in link and '+  "state": "link"' in link, link
+    assert any("net.ipv4.tcp_fin_timeout" in d for d in diffs.values()), diffs
+    # nothing written: read with the system's tools
     assert snapshot(host)["net.ipv4.tcp_fin_timeout"] == "33"
+    assert simrack.nsexec(host, "sha1sum", TIMER).stdout == before
+    assert simrack.nsexec(host, "test", "-L", TIMER_LINK, check=False).returncode == 1
     fixed = play(rack, "apply")
-    assert fixed.hosts[host].changed == 1 and snapshot(host)["net.ipv4.tcp_fin_timeout"] == "15"
+    assert fixed.hosts[host].changed == 3 and snapshot(host)["net.ipv4.tcp_fin_timeout"] == "15"
+    assert "AccuracySec=10s" in simrack.nsexec(host, "cat", TIMER).stdout
+    assert TIMER in simrack.nsexec(host, "readlink", TIMER_LINK).stdout
 
 
 def test_tags_limit_the_subsystems(rack):

@@ -65,6 +65,6 @@ def vm(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def wheel_dir(tmp_path_factory):
-    """Where the hkgpu_install role builds the toolkit's wheel: one per session, so that a later
+    """The hkgpu_install role's controller cache (hkgpu_install_cache_dir): one per session, so that a later
     module finds the node's install stamp (the wheel's checksum) and does not reinstall."""
     return str(tmp_path_factory.mktemp("wheels"))

@@ -36,7 +36,7 @@ def node_vars(vm, wheels: str) -> dict:
             "hkgpu_network_fabric_peers": [PEER_ADDR],
             "hkgpu_network_sysctl": prof["sysctl"],
             "hkgpu_affinity_settings": {"nics": [{"match": {"mac": DATA_MAC}, "irq_cpus": "local"}]},
-            "hkgpu_install_source": REPO, "hkgpu_install_wheel_dir": wheels,
+            "hkgpu_install_cache_dir": wheels,
             "hkgpu_install_wheelhouse": os.path.join(vm.dir, "wheelhouse")}
 
 

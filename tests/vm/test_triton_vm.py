@@ -52,7 +52,7 @@ GATE = {"ready_timeout_s": READY_S, "warmup_requests": 4, "load": {"requests": 3
 @pytest.fixture(scope="module")
 def node(vm, tmp_path_factory, wheel_dir):
     inv = vm.inventory(str(tmp_path_factory.mktemp("ansible-triton") / "hosts.yml"))
-    extra = {"hkgpu_install_source": REPO, "hkgpu_install_wheel_dir": wheel_dir,
+    extra = {"hkgpu_install_cache_dir": wheel_dir,
              "hkgpu_install_wheelhouse": os.path.join(vm.dir, "wheelhouse"),
              "hkgpu_triton_files": [{"src": os.path.join(REPO, "tests", "triton", "data", "doubler.py"),
                                      "dest": MODEL_ON_NODE}],
