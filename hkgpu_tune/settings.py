@@ -260,6 +260,27 @@ def _gpu(c: Change) -> None:
             number(v, k, 0, 100000, none=True)
 
 
+_MIG_NAME = re.compile(r"[1-8]g\.[0-9]{1,4}gb(\+[a-z]{1,8})*")
+
+
+def _mig(c: Change) -> None:
+    if not re.fullmatch(r"gpu[0-9]{1,4}", c.target):
+        _fail(f"target: {c.target!r} is not gpuN")
+    one_of(c.key, "key", ("mig_mode", "mig_devices"))
+    integer(c.data.get("index"), "data.index", 0, 1023)
+    text(c.data.get("uuid"), "data.uuid", maxlen=96, none=True)
+    for k, v in (("original", c.current), ("desired", c.desired)):
+        if c.key == "mig_mode":
+            boolean(v, k)
+        elif not isinstance(v, dict) or len(v) > 16:
+            _fail(f"{k}: expected {{profile name: count}}")
+        else:
+            for name, n in v.items():
+                if not _MIG_NAME.fullmatch(name):
+                    _fail(f"{k}: {name!r} is not a MIG profile name")
+                integer(n, f"{k}.{name}", 1, 8)
+
+
 def _mps(c: Change) -> None:
     from .backends.mps import safe_root
     text(c.target, "target", maxlen=64)
@@ -399,6 +420,7 @@ REGISTRY = {t.name: t for t in (
     SettingType("ethtool.offload", "ethtool", _ethtool("offloads")),
     SettingType("qdisc.queue", "qdisc", _qdisc),
     SettingType("gpu.attr", "gpu", _gpu),
+    SettingType("mig.layout", "mig", _mig),
     SettingType("mps.param", "mps", _mps),
     SettingType("affinity.irq", "affinity", _affinity),
     SettingType("triton.service", "triton", _triton),

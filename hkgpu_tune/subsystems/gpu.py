@@ -9,6 +9,7 @@ Profile section:
       application_clocks: {sm: 1980, mem: 2619}   # MHz, optional
       power_limit_w: 700     # optional
       pcie_check: true       # a link that trained below its maximum is drift
+      mig: [...]             # MIG layouts in nvidia-mig-parted's form: subsystems/mig.py
 
 All GPUs are read in one process with one nvmlInit; verify asks NVML only for the fields it compares.
 """
@@ -40,6 +41,7 @@ class GpuProfile:
     application_clocks: AppClocks | None = None
     power_limit_w: int | None = None
     pcie_check: bool = True
+    mig: tuple | None = None              # subsystems/mig.py MigEntry, one per device group
 
 
 def parse_gpus(n) -> tuple[int, ...] | None:
@@ -57,7 +59,7 @@ def parse_gpus(n) -> tuple[int, ...] | None:
 
 
 def parse_profile(n) -> GpuProfile:
-    m = n.mapping(("gpus", "persistence", "compute_mode", "application_clocks", "power_limit_w", "pcie_check"))
+    m = n.mapping(("gpus", "persistence", "compute_mode", "application_clocks", "power_limit_w", "pcie_check", "mig"))
     clocks = None
     if "application_clocks" in m:
         c = m["application_clocks"].mapping(("sm", "mem"), required=("sm", "mem"))
@@ -69,7 +71,13 @@ def parse_profile(n) -> GpuProfile:
         application_clocks=clocks,
         power_limit_w=m["power_limit_w"].integer(50, 2000) if "power_limit_w" in m else None,
         pcie_check=m["pcie_check"].boolean() if "pcie_check" in m else True,
+        mig=_parse_mig(m["mig"]) if "mig" in m else None,
     )
+
+
+def _parse_mig(n):
+    from hkgpu_tune.subsystems.mig import parse_mig
+    return parse_mig(n)
 
 
 def select(nvml, wanted: tuple[int, ...] | None) -> tuple[list[int], list[int]]:
