@@ -383,6 +383,9 @@ class Interface:
     rings: Rings | None = None
     offloads: dict[str, bool] = field(default_factory=dict)
     qdisc: str | None = None
+    coalesce: dict = field(default_factory=dict)   # subsystems/ethtool.py COALESCE keys
+    pause: dict = field(default_factory=dict)      # {rx, tx, autoneg}: bools
+    speed_mbit: int | None = None                  # expected link speed: below it is drift
     optional: bool = False   # no interface matched: ok instead of error
     line: int = 0
 
@@ -421,7 +424,8 @@ def parse_network(n: Node) -> Network:
     m = n.mapping(("interfaces", "fabric_peers", "wan_peers", "wan_routes", "probe"))
     ifaces = []
     for item in (m["interfaces"].items() if "interfaces" in m else []):
-        f = item.mapping(("match", "mtu", "channels", "rings", "offloads", "qdisc", "optional"), required=("match",))
+        f = item.mapping(("match", "mtu", "channels", "rings", "offloads", "qdisc", "coalesce", "pause", "speed_mbit",
+                          "optional"), required=("match",))
         mm = f["match"].mapping(("name", "mac", "driver", "pci", "default_route"))
         if not mm:
             raise f["match"].error("expected at least one of name, mac, driver, pci, default_route")
@@ -450,6 +454,7 @@ def parse_network(n: Node) -> Network:
             mtu=f["mtu"].integer(68, 65535) if "mtu" in f else None,
             channels=ch, rings=rings, offloads=offloads,
             qdisc=f["qdisc"].choice(QDISCS) if "qdisc" in f else None,
+            **_nic_extras(f),
             optional=f["optional"].boolean() if "optional" in f else False,
             line=item.line,
         ))
@@ -489,6 +494,11 @@ def parse_network(n: Node) -> Network:
         if "timeout_s" in pm:
             probe["probe_timeout_s"] = pm["timeout_s"].integer(1, 30)
     return Network(ifaces, peers, wan, routes, **probe)
+
+
+def _nic_extras(f: dict) -> dict:
+    from hkgpu_tune.subsystems.ethtool import parse_extras
+    return parse_extras(f)
 
 
 # ---------------------------------------------------------------- sysctl section

@@ -188,6 +188,15 @@ def _ethtool(part: str) -> Callable[[Change], None]:
         field = c.data.get("field")
         if part == "channels":
             one_of(field, "data.field", _CHANNELS)
+        elif part in ("coalesce", "pause"):
+            from .subsystems.ethtool import COALESCE, PAUSE
+            one_of(field, "data.field", tuple(COALESCE if part == "coalesce" else PAUSE))
+            for k, v in (("original", c.current), ("desired", c.desired)):
+                if field.startswith("adaptive") or part == "pause":
+                    boolean(v, k)
+                else:
+                    integer(v, k, 0, 1 << 20)
+            return
         else:
             text(field, "data.field", maxlen=64)
             if not re.fullmatch(r"[a-z0-9_-]{1,64}", field):
@@ -418,6 +427,8 @@ REGISTRY = {t.name: t for t in (
     SettingType("ethtool.channels", "ethtool", _ethtool("channels")),
     SettingType("ethtool.rings", "ethtool", _ethtool("rings")),
     SettingType("ethtool.offload", "ethtool", _ethtool("offloads")),
+    SettingType("ethtool.coalesce", "ethtool", _ethtool("coalesce")),
+    SettingType("ethtool.pause", "ethtool", _ethtool("pause")),
     SettingType("qdisc.queue", "qdisc", _qdisc),
     SettingType("gpu.attr", "gpu", _gpu),
     SettingType("mig.layout", "mig", _mig),
@@ -436,10 +447,11 @@ def type_of(c: Change) -> str:
         return "link.route" if str(c.target).startswith("route ") else "link.mtu"
     if s == "ethtool":
         part = c.data.get("part") if isinstance(c.data, dict) else None
-        t = {"channels": "ethtool.channels", "rings": "ethtool.rings", "offloads": "ethtool.offload"}.get(part)
+        t = {"channels": "ethtool.channels", "rings": "ethtool.rings", "offloads": "ethtool.offload",
+             "coalesce": "ethtool.coalesce", "pause": "ethtool.pause"}.get(part)
         if t:
             return t
-        _fail(f"data.part: {part!r} is not channels, rings or offloads")
+        _fail(f"data.part: {part!r} is not channels, rings, offloads, coalesce or pause")
     for t in REGISTRY.values():
         if t.subsystem == s:
             return t.name
