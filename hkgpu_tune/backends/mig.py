@@ -15,7 +15,7 @@ from __future__ import annotations
 import uuid as uuidlib
 from types import SimpleNamespace
 
-from hkgpu_tune.errors import ApplyError, UnsupportedError
+from hkgpu_tune.core.errors import ApplyError, UnsupportedError
 
 MAX_GI_ID = 32       # GPU instance ids NVML hands out are small (1-14 on a 7-slice GPU)
 MAX_CI_ID = 8        # compute instance ids per GPU instance (0-7)

@@ -8,7 +8,7 @@ import re
 import socket
 import time
 
-from ..errors import ApplyError, HkError
+from hkgpu_tune.core.errors import ApplyError, HkError
 from hkgpu_tune.backends.nic_extras import NicExtras, _nl_errno, _unsupported, _wrap  # noqa: F401
 
 TC_H_ROOT = 0xFFFFFFFF
@@ -452,7 +452,7 @@ class Tc:
 
     def _remember(self, kind: str, ans) -> None:
         import json
-        from ..fsutil import atomic_write
+        from hkgpu_tune.core.fsutil import atomic_write
         doc = self._load_cache()
         if not doc or doc["boot"] != self._boot():
             doc = {"boot": self._boot(), "kinds": {}}

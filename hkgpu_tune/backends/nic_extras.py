@@ -7,7 +7,7 @@ from __future__ import annotations
 import errno
 import os
 
-from hkgpu_tune.errors import ApplyError, HkError, UnsupportedError
+from hkgpu_tune.core.errors import ApplyError, HkError, UnsupportedError
 
 
 def _nl_errno(e) -> int | None:
@@ -92,7 +92,7 @@ COALESCE_FIELDS = {"rx_usecs": "rx_coalesce_usecs", "tx_usecs": "tx_coalesce_use
 
 
 def _ethtool_cmd(args: list[str], what: str, write: bool = False):
-    from .command import Command
+    from hkgpu_tune.backends.command import Command
     c = Command()
     if c.which("ethtool") is None:
         raise UnsupportedError(f"{what}: the ethtool command is not installed")

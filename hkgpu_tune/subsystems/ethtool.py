@@ -10,10 +10,10 @@ link's speed against the speed the profile expects.
 """
 from __future__ import annotations
 
-from ..errors import HkError, UnsupportedError
-from ..report import DRIFT, ERROR, OK, UNSUPPORTED
-from ..match import could_match, find, identity, matched, resolve
-from .base import Subsystem
+from hkgpu_tune.core.errors import HkError, UnsupportedError
+from hkgpu_tune.core.report import DRIFT, ERROR, OK, UNSUPPORTED
+from hkgpu_tune.core.match import could_match, find, identity, matched, resolve
+from hkgpu_tune.subsystems.base import Subsystem
 
 
 COALESCE = {"rx_usecs": (0, 1 << 20), "tx_usecs": (0, 1 << 20), "rx_frames": (0, 1 << 16),

@@ -20,8 +20,8 @@ import re
 from dataclasses import dataclass
 
 from hkgpu_tune.backends.mig import IN_USE, RESET_REQUIRED, SUCCESS
-from hkgpu_tune.errors import ApplyError, HkError, UnsupportedError
-from hkgpu_tune.report import DRIFT, ERROR, OK, UNSUPPORTED
+from hkgpu_tune.core.errors import ApplyError, HkError, UnsupportedError
+from hkgpu_tune.core.report import DRIFT, ERROR, OK, UNSUPPORTED
 from hkgpu_tune.subsystems.base import Subsystem
 
 PROFILE_NAME = r"[1-8]g\.[0-9]{1,4}gb(\+[a-z]{1,8})*"

@@ -10,8 +10,8 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 
-from ..errors import ApplyError, HkError
-from . import client
+from hkgpu_tune.core.errors import ApplyError, HkError
+from hkgpu_tune.serve import client
 
 
 class GateFailed(ApplyError):

@@ -23,8 +23,8 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 
-from ..errors import HkError
-from .gate import percentile   # nearest rank: the value at least q% of requests did not exceed
+from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.serve.gate import percentile   # nearest rank: the value at least q% of requests did not exceed
 
 SIZES = {"FP16": 2, "FP32": 4, "FP64": 8, "INT8": 1, "UINT8": 1, "INT16": 2, "INT32": 4, "INT64": 8,
          "BF16": 2, "BOOL": 1}
@@ -154,7 +154,7 @@ def _worker(spec_d: dict, idx: int, start_at: float, region: str | None, q) -> N
 def _triton_stats(spec: LoadSpec) -> dict | None:
     if not spec.metrics_port:
         return None
-    from . import client
+    from hkgpu_tune.serve import client
     want = ("nv_inference_request_success", "nv_inference_count", "nv_inference_exec_count",
             "nv_inference_queue_duration_us", "nv_inference_compute_infer_duration_us",
             "nv_inference_compute_input_duration_us", "nv_inference_compute_output_duration_us",
@@ -180,7 +180,7 @@ class SharedInput:
 
     def __init__(self, spec: LoadSpec):
         from multiprocessing import shared_memory
-        from . import client
+        from hkgpu_tune.serve import client
         self.name = f"hkgpu-{uuid.uuid4().hex[:12]}"
         self.shm = shared_memory.SharedMemory(name=self.name, create=True, size=spec.nbytes)
         self.c = client.Client(spec.host, spec.port, timeout=10)

@@ -1,6 +1,6 @@
 #!/bin/bash
 # The serving bench and the GPU serving tests on the H200, in one device call:
-#   device tool: run(kind="nvidia-h200", carry=[".whl", "hkgpu_tune/triton/_build"],
+#   device tool: run(kind="nvidia-h200", carry=[".whl", "hkgpu_tune/serve/_build"],
 #                    command="bash tests/gpu/run_serving.sh quick|full")
 # .whl/ holds the wheels the GPU machine lacks: nvidia-pytriton 0.7.0, tritonclient 2.73.0,
 # python-rapidjson, pyroute2 (tests/gpu/RESULTS-multi.md says how they were downloaded).
@@ -21,8 +21,8 @@ date -u; nvidia-smi -L; nproc; df -h /dev/shm | tail -1
 ps -eo pid,args | grep -i '[n]vidia-cuda-mps' || echo NO-MPS-AT-START
 python3 -m pip install -q --no-deps --no-index --no-compile .whl/*.whl 2>&1 | tail -2
 python3 -c 'import importlib.util as u, tritonclient.grpc, aiohttp, torch, matplotlib; assert u.find_spec("pytriton"); print("deps ok", torch.__version__)'
-command -v c++ g++ || echo "no C++ compiler: the hkbatch library comes from hkgpu_tune/triton/_build (carried)"
-python3 -c 'from hkgpu_tune.triton import batch_backend as b; print("hkbatch:", b.available(), b.server_env())'
+command -v c++ g++ || echo "no C++ compiler: the hkbatch library comes from hkgpu_tune/serve/_build (carried)"
+python3 -c 'from hkgpu_tune.serve import batch_backend as b; print("hkbatch:", b.available(), b.server_env())'
 if [ "${HK_CHECKS:-0}" = 1 ]; then   # the GPU checks of the collectors, health, export and baseline
   timeout 120 python3 -m pytest -v -rs -p no:cacheprovider tests/collect/test_gpu.py tests/gpu/test_h200.py \
     tests/triton/test_gpu_placement.py tests/baseline/test_capture_parts.py::test_torch_engine_benchmark_on_a_gpu \

@@ -5,10 +5,10 @@ import sys
 
 import pytest
 
-from hkgpu_tune.engine import Engine
-from hkgpu_tune.errors import ProfileError
-from hkgpu_tune.report import Change
-from hkgpu_tune.settings import validate
+from hkgpu_tune.tune.engine import Engine
+from hkgpu_tune.core.errors import ProfileError
+from hkgpu_tune.core.report import Change
+from hkgpu_tune.tune.settings import validate
 
 from .conftest import backends, by_key, load, profile
 

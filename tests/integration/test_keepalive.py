@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from hkgpu_tune.profile import load_profile, resolve_profile
+from hkgpu_tune.core.profile import load_profile, resolve_profile
 
 from .conftest import sh, statuses
 

@@ -4,11 +4,11 @@ core/en.h: RX moderation 8 us / 128 packets with adaptive (DIM) on, TX 16 us / 3
 pause rx and tx on). The real kernel's answer (veth: unsupported) is tests/integration/test_nic_extras.py."""
 import pytest
 
-from hkgpu_tune.engine import Engine
-from hkgpu_tune.errors import ProfileError
-from hkgpu_tune.profile import parse_profile_text
-from hkgpu_tune.report import Change
-from hkgpu_tune.settings import validate
+from hkgpu_tune.tune.engine import Engine
+from hkgpu_tune.core.errors import ProfileError
+from hkgpu_tune.core.profile import parse_profile_text
+from hkgpu_tune.core.report import Change
+from hkgpu_tune.tune.settings import validate
 
 from .fakes import FakeEthtool, FakeNet, backends, link, nic
 
