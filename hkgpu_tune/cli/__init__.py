@@ -9,7 +9,7 @@ import importlib
 import os
 import sys
 
-from hkgpu_tune import __version__
+from hkgpu_tune.core.version import __version__
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.cli import stdio
 from hkgpu_tune.cli.context import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, Context
@@ -31,7 +31,15 @@ class Parser(argparse.ArgumentParser):
 def _add_rack(sub) -> None:
     from hkgpu_tune.fleet import rack
     rack.add_parser(sub)
-    sub.choices["rack"].set_defaults(run=lambda ctx: rack.cli_run(ctx.args))
+    sub.choices["rack"].set_defaults(run=_rack_run)
+
+
+def _rack_run(ctx) -> int:
+    if ctx.args.action == "baseline":
+        from hkgpu_tune.fleet import baseline_rack
+        return baseline_rack.cli_run(ctx.args)
+    from hkgpu_tune.fleet import rack
+    return rack.cli_run(ctx.args)
 
 
 def _adder(group: str):

@@ -86,7 +86,7 @@ def _section(path: str, p: argparse.ArgumentParser, help_text: str, out: list) -
 
 
 def manpage(p: argparse.ArgumentParser) -> str:
-    from hkgpu_tune import __version__
+    from hkgpu_tune.core.version import __version__
     date = time.strftime("%Y-%m-%d", time.gmtime())
     out = [f'.TH HKGPU\\-TUNE 1 "{date}" "hkgpu-tune {_esc(__version__)}" "User Commands"',
            ".SH NAME", "hkgpu\\-tune \\- " + _esc(p.description or ""),

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from hkgpu_tune.core.profile import parse_profile_text
-from hkgpu_tune.subsystems.affinity import service_placement
+from hkgpu_tune.backends.topology import service_placement
 
 from tests.gpu import multi_gpu
 from tests.gpu_unit.conftest import backends, load, materialize

@@ -388,12 +388,12 @@ def test_a_second_run_at_the_same_time_is_refused(host):
     try:
         deadline = time.time() + 20
         while time.time() < deadline:
-            if (host.state / "health.lock").exists() and first.poll() is None:
+            if (host.state / "lock").exists() and first.poll() is None:
                 time.sleep(0.5)
                 break
             time.sleep(0.05)
         p, doc = host.run()
-        assert p.returncode == 1 and "another hkgpu-tune health run holds the lock" in p.stderr
+        assert p.returncode == 1 and f"health run holds the lock (pid {first.pid})" in p.stderr
     finally:
         first.wait(timeout=30)
     assert first.returncode == 2

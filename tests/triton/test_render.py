@@ -12,7 +12,7 @@ from tritonclient.grpc import model_config_pb2
 
 from hkgpu_tune.core.errors import ProfileError
 from hkgpu_tune.core.profile import load_profile, parse_profile_text
-from hkgpu_tune.subsystems.triton import check_models
+from hkgpu_tune.serve.render import check_models
 from hkgpu_tune.serve import render
 
 from .conftest import MODEL_PY, dump, profile_dict

@@ -70,7 +70,7 @@ def triton(tmp_path, mps_dirs=None, **top):
     doc["triton"].update(top)
     if mps_dirs:
         doc["mps"] = {"pipe_dir": mps_dirs[0], "log_dir": mps_dirs[1]}
-    from hkgpu_tune.subsystems.triton import section
+    from hkgpu_tune.serve.config import section
     return section(parse_profile_text(dump(doc), str(tmp_path / "p.yaml")))
 
 

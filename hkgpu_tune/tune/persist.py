@@ -20,7 +20,7 @@ import yaml
 from hkgpu_tune.core.errors import HkError, ProfileError, StateError
 from hkgpu_tune.core.fsutil import atomic_write, fsync_dir
 from hkgpu_tune.tune.journal import Journal
-from hkgpu_tune.core.profile import load_yaml_doc
+from hkgpu_tune.core.yamlnode import load_yaml_doc
 from hkgpu_tune.core.report import Change
 from hkgpu_tune.tune.state import State
 
@@ -457,7 +457,7 @@ def _forget_textfile(root: str) -> list[str]:
     """The boot unit is gone: its export's textfile goes too, or node_exporter serves the rolled-back
     node's last figures for ever. Only where no export.env names a directory: then the hkgpu_verify
     role's timer writes the file, and its rollback playbook removes it."""
-    from hkgpu_tune.observe.export import DEFAULT_DIR, FILE_NAME
+    from hkgpu_tune.core.paths import TEXTFILE_DIR as DEFAULT_DIR, TEXTFILE_NAME as FILE_NAME
     if os.path.lexists(os.path.join(root, EXPORT_ENV)):
         return []
     path = os.path.join(root, DEFAULT_DIR.lstrip("/"), FILE_NAME)

@@ -18,117 +18,27 @@ Semantics (docs/health.md):
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
-import signal
 import stat
-import subprocess
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
-from hkgpu_tune.core.errors import HkError, LockError, StateError
+from hkgpu_tune.core.errors import HkError, StateError
 from hkgpu_tune.core.fsutil import atomic_write
+from hkgpu_tune.observe.health_config import HealthConfig, config_of
+from hkgpu_tune.observe.hooks import run_hook
 
 HEALTHY, DEGRADED, ERROR = "healthy", "degraded", "error"
 STATUS_VALUE = {HEALTHY: 0, DEGRADED: 1, ERROR: 2}          # hkgpu_tune_health_status
 OK, FAILING, SKIPPED, CHECK_ERROR = "ok", "failing", "skipped", "error"
 
-# XIDs that mean the GPU needs a reset or the node a drain (NVIDIA's XID catalogue: 48 DBE,
-# 63/64 row remapping, 74 NVLink, 79 fallen off the bus, 92 high SBE rate, 94/95 contained and
-# uncontained ECC, 119/120 GSP errors)
-DEFAULT_XIDS = (48, 63, 64, 74, 79, 92, 94, 95, 119, 120)
 CHECKS = ("gpu_count", "gpu_lost", "ecc_uncorrected", "remapped_rows", "retired_pages_pending", "xid",
           "temperature", "pcie_width", "pcie_gen", "nic_errors", "verify")
 
 STATE_FILE = "health.json"
-LOCK_FILE = "health.lock"
 STATE_MAX = 1 << 20
 HOOK_LOG_MAX = 20
-OUTPUT_TAIL = 2000
-KILL_GRACE_S = 2.0
-
-
-# ---------------------------------------------------------------- the profile section
-@dataclass(frozen=True)
-class HealthConfig:
-    gpus_expected: int | None = None
-    ecc_uncorrected_max: int = 0
-    remapped_rows: bool = True
-    retired_pages_pending: bool = True
-    xids: tuple[int, ...] = DEFAULT_XIDS
-    temperature_max_c: float = 85.0
-    pcie_width: bool = True
-    pcie_gen: bool = True
-    nic_devices: tuple[str, ...] = ()
-    nic_errors_max_increase: int = 0
-    verify_drift: bool = False
-    on_unhealthy: tuple[str, ...] | None = None
-    on_healthy: tuple[str, ...] | None = None
-    hook_timeout_s: float = 30.0
-    hold_down_s: float = 300.0
-
-
-KEYS = ("gpus_expected", "ecc_uncorrected_max", "remapped_rows", "retired_pages_pending", "xids",
-        "temperature_max_c", "pcie_width", "pcie_gen", "nic_errors", "verify_drift",
-        "on_unhealthy", "on_healthy", "hook_timeout_s", "hold_down_s")
-
-
-def _number(n, lo: float, hi: float, what: str) -> float:
-    v = n.value() if n.kind() == "scalar" else None
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v or not lo <= v <= hi:
-        raise n.error(f"expected {what} ({lo:g}-{hi:g}), got {n._desc()}")
-    return float(v)
-
-
-def _argv(n) -> tuple[str, ...]:
-    items = n.items()
-    if not items:
-        raise n.error("expected a command as a list: [/absolute/program, arg, ...], got an empty list")
-    if len(items) > 64:
-        raise n.error("a command of more than 64 arguments")
-    argv = tuple(i.string(what="a command-line argument (a string)") for i in items)
-    if not os.path.isabs(argv[0]):
-        raise items[0].error(f"the program must be an absolute path (hooks run as root, "
-                             f"without a trusted PATH), got {argv[0]!r}")
-    return argv
-
-
-def parse_profile(n) -> HealthConfig:
-    """The `health:` section (a profile.Node) -> HealthConfig; errors name file:line and key."""
-    from hkgpu_tune.core.profile import IFNAME_RE
-    m = n.mapping(KEYS)
-    kw: dict = {}
-    if "gpus_expected" in m:
-        kw["gpus_expected"] = m["gpus_expected"].integer(0, 64)
-    if "ecc_uncorrected_max" in m:
-        kw["ecc_uncorrected_max"] = m["ecc_uncorrected_max"].integer(0, 1 << 32)
-    for k in ("remapped_rows", "retired_pages_pending", "pcie_width", "pcie_gen", "verify_drift"):
-        if k in m:
-            kw[k] = m[k].boolean()
-    if "xids" in m:
-        kw["xids"] = tuple(sorted({i.integer(1, 1 << 16) for i in m["xids"].items()}))
-    if "temperature_max_c" in m:
-        kw["temperature_max_c"] = _number(m["temperature_max_c"], 0, 200, "degrees Celsius")
-    if "nic_errors" in m:
-        nm = m["nic_errors"].mapping(("devices", "max_increase"), required=("devices",))
-        kw["nic_devices"] = tuple(d.string(IFNAME_RE, "an interface name (1-15 characters, no '/', ':' or spaces)")
-                                  for d in nm["devices"].items())
-        if "max_increase" in nm:
-            kw["nic_errors_max_increase"] = nm["max_increase"].integer(0, 1 << 48)
-    for k in ("on_unhealthy", "on_healthy"):
-        if k in m and not m[k].is_null():
-            kw[k] = _argv(m[k])
-    if "hook_timeout_s" in m:
-        kw["hook_timeout_s"] = _number(m["hook_timeout_s"], 0.1, 3600, "seconds")
-    if "hold_down_s" in m:
-        kw["hold_down_s"] = _number(m["hold_down_s"], 0, 7 * 86400, "seconds")
-    return HealthConfig(**kw)
-
-
-def config_of(profile) -> HealthConfig:
-    return profile.section("health") or HealthConfig()
 
 
 # ---------------------------------------------------------------- checks
@@ -483,119 +393,11 @@ def save_state(directory: str, doc: dict) -> None:
     atomic_write(os.path.join(directory, STATE_FILE), json.dumps(doc, indent=1, default=str) + "\n", mode=0o600)
 
 
-class _Lock:
-    """health.lock in the state directory: one health run at a time (apply's lock is separate)."""
-
-    def __init__(self, directory: str):
-        self.path = os.path.join(directory, LOCK_FILE)
-        self.fd = None
-
-    def __enter__(self):
-        from hkgpu_tune.tune.state import _check_owned
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise StateError(f"{self.path}: the lock file is a symbolic link: refused") from None
-            raise HkError(f"{self.path}: cannot open the lock file: {e.strerror}", e.errno) from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise StateError(f"{self.path}: the lock file is not a regular file: refused")
-            _check_owned(self.path, st, "lock file")
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise LockError(f"{self.path}: another hkgpu-tune health run holds the lock; "
-                                "try again when it has finished") from None
-        except BaseException:
-            os.close(fd)
-            raise
-        self.fd = fd
-        return self
-
-    def __exit__(self, *exc):
-        os.close(self.fd)
-
-
-# ---------------------------------------------------------------- hooks
-def run_hook(argv, env_extra: dict, timeout_s: float) -> dict:
-    """Run a hook in a process group of its own; past timeout_s the whole group gets SIGTERM,
-    then SIGKILL after a short grace. Output goes to a file (a pipe could be held open by a
-    grandchild) and its tail is kept."""
-    t0 = time.monotonic()
-    rec = {"argv": list(argv), "pid": None, "rc": None, "timed_out": False, "ok": False,
-           "error": None, "output": "", "seconds": 0.0}
-    env = {**os.environ, **env_extra}
-    with tempfile.TemporaryFile() as out:
-        try:
-            p = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                 env=env, start_new_session=True, close_fds=True)
-        except OSError as e:
-            rec["error"] = f"cannot start {argv[0]}: {e.strerror or e}"
-            rec["seconds"] = time.monotonic() - t0
-            return rec
-        rec["pid"] = p.pid
-        try:
-            rec["rc"] = p.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            rec["timed_out"] = True
-            _kill_group(p)
-        else:
-            _kill_group(p, grace=0)    # what the hook left running in its group goes too
-        out.seek(0, os.SEEK_END)
-        size = out.tell()
-        out.seek(max(0, size - OUTPUT_TAIL))
-        rec["output"] = out.read().decode("utf-8", "replace")
-    rec["seconds"] = round(time.monotonic() - t0, 3)
-    if rec["timed_out"]:
-        rec["error"] = f"killed after {timeout_s:g} s (hook_timeout_s)"
-    elif rec["rc"] != 0:
-        rec["error"] = f"exit status {rec['rc']}"
-    rec["ok"] = rec["error"] is None
-    return rec
-
-
-def _group_alive(pgid: int) -> bool:
-    try:
-        os.killpg(pgid, 0)
-        return True
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-
-
-def _kill_group(p: subprocess.Popen, grace: float = KILL_GRACE_S) -> None:
-    pgid = p.pid   # start_new_session: the group's id is the leader's pid
-    if grace > 0 or p.poll() is None:
-        try:
-            os.killpg(pgid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            if p.poll() is not None and not _group_alive(pgid):
-                break
-            time.sleep(0.02)
-    elif not _group_alive(pgid):
-        return
-    try:
-        os.killpg(pgid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    p.wait()
-    # members of the group are not our children: wait until the kernel has removed them
-    deadline = time.monotonic() + 5
-    while _group_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.02)
-
-
 # ---------------------------------------------------------------- transitions
 def run(profile, cfg: HealthConfig | None = None, state_dir: str | None = None, *, hooks: bool = True,
         now: float | None = None, **readers) -> Report:
     """Check, then record the run and run at most one hook (semantics at the top of this module),
-    all under the state directory's health lock. readers: nvml, kmsg_events, nic_counters (tests).
+    all under the state directory's lock (one apply, rollback or health run at a time). readers: nvml, kmsg_events, nic_counters (tests).
     hooks=False: check only; nothing is run or recorded."""
     cfg = cfg or config_of(profile)
     directory = _state_dir(state_dir) if hooks else None
@@ -604,7 +406,8 @@ def run(profile, cfg: HealthConfig | None = None, state_dir: str | None = None, 
         rep.action = {"state": None, "transition": None, "hook": None, "held_down": None,
                       "skipped": "--no-hooks: no hook run, nothing recorded"}
         return rep
-    with _Lock(directory):
+    from hkgpu_tune.tune.state import State
+    with State(directory).lock():
         doc = load_state(directory)
         rep = check(profile, cfg, nic_prev=doc.get("nic") or {}, **readers)
         _transition(rep, cfg, doc, directory, time.time() if now is None else now)

@@ -16,7 +16,8 @@ import stat
 
 from hkgpu_tune.core.errors import HkError, ProfileError
 from hkgpu_tune.core.fsutil import atomic_write
-from hkgpu_tune.core.profile import Profile, load_profile, load_yaml_doc, parse_profile_text, read_profile_file
+from hkgpu_tune.core.profile import Profile, load_profile, parse_profile_text, read_profile_file
+from hkgpu_tune.core.yamlnode import load_yaml_doc
 
 NODE_PROFILE = "/etc/hkgpu-tune/node.yaml"
 STATE_DIR = "/var/lib/hkgpu-tune"

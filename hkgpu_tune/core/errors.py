@@ -32,4 +32,4 @@ class TargetGone(HkError):
 
 
 class LockError(HkError):
-    """Another apply or rollback holds the state directory's lock."""
+    """Another apply, rollback or health run holds the state directory's lock."""

@@ -22,7 +22,7 @@ from pathlib import Path
 from hkgpu_tune.core.errors import HkError
 
 PLAYBOOKS = {"apply": "site.yml", "verify": "verify.yml", "rollback": "rollback.yml"}
-PLAYBOOKS["baseline"] = "baseline.yml"   # capture and fetch snapshots; baseline/rack.py prints the tables
+PLAYBOOKS["baseline"] = "baseline.yml"   # capture and fetch snapshots; fleet/baseline_rack.py prints the tables
 
 
 COLLECTION = ("collections", "ansible_collections", "hkgpu", "tune")   # under ansible_dir()
@@ -291,9 +291,6 @@ def cli_run(args) -> int:
     from rich.text import Text
     from hkgpu_tune.core.report import envelope
 
-    if args.action == "baseline":
-        from hkgpu_tune.fleet.baseline_rack import cli_run as baseline_run
-        return baseline_run(args)
     extra = _extravars(args.extra_vars)
     kw = dict(verbosity=args.verbose, forks=args.forks, skip_tags=args.skip_tags)
     err = Console(stderr=True)

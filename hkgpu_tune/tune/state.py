@@ -112,7 +112,7 @@ class State:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 pid = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-                raise LockError(f"{self.dir}: another hkgpu-tune apply or rollback holds the lock (pid {pid}); "
+                raise LockError(f"{self.dir}: another hkgpu-tune apply, rollback or health run holds the lock (pid {pid}); "
                                 "try again when it has finished") from None
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

@@ -144,7 +144,7 @@ SWEEP_EXIT_S = 10.0
 
 def sweep_section(t, workdir: str, mps: bool):
     """The profile's triton section, moved to free loopback ports and a repository of its own."""
-    from hkgpu_tune.subsystems.triton import Endpoint
+    from hkgpu_tune.serve.config import Endpoint
     http, grpc, metrics = client.free_ports(3)
     kw = dict(http=Endpoint(http), grpc=Endpoint(grpc), metrics=Endpoint(metrics),
               model_repository=os.path.join(workdir, "models"), run_dir=os.path.join(workdir, "run"),
@@ -507,7 +507,7 @@ def write_back(profile_path: str, model_name: str, rep: Report) -> str:
     from hkgpu_tune.core.errors import ProfileError
     from hkgpu_tune.core.fsutil import atomic_write
     from hkgpu_tune.core.profile import parse_profile_text
-    from hkgpu_tune.subsystems.triton import section as triton_section
+    from hkgpu_tune.serve.config import section as triton_section
     if not rep.best:
         raise HkError("triton sweep: nothing to write: no config met the SLO")
     with open(profile_path, newline="") as f:   # line endings kept as they are

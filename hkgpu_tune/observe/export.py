@@ -15,12 +15,12 @@ from dataclasses import dataclass, field
 
 from hkgpu_tune.observe import collect as C
 from hkgpu_tune.observe import health
-from hkgpu_tune.core import report
+from hkgpu_tune.core import paths, report
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.core.fsutil import atomic_write
 
-DEFAULT_DIR = "/var/lib/prometheus/node-exporter"   # Debian's prometheus-node-exporter
-FILE_NAME = "hkgpu-tune.prom"
+DEFAULT_DIR = paths.TEXTFILE_DIR
+FILE_NAME = paths.TEXTFILE_NAME
 ENV_DIR = "HKGPU_TUNE_TEXTFILE_DIR"
 
 
@@ -117,7 +117,7 @@ def build(profile, engine, *, probes: bool = False, sources: C.Sources | None = 
             cres.append(C.Result("mtu_probe", False, [], {}, C.one_line(e), time.perf_counter() - t))
     allres = [vres] + cres
     allres.append(health.from_collectors(profile, cres, results))   # hkgpu_tune_health_status, _check{check}
-    from hkgpu_tune import __version__
+    from hkgpu_tune.core.version import __version__
     head = report.to_prometheus(results) if vres.up else ""
     run = [C.Family("hkgpu_tune_info", "gauge", "hkgpu-tune version and profile.",
                     [({"version": __version__, "profile": profile.name or str(profile.path),

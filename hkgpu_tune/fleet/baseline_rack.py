@@ -88,7 +88,7 @@ def rack_table(rack: str, hosts: dict):
 
 
 def cli_run(args) -> int:
-    """`hkgpu-tune rack baseline` (rack.cli_run hands this action over)."""
+    """`hkgpu-tune rack baseline` (the CLI hands this action here)."""
     from hkgpu_tune.fleet import rack
     from hkgpu_tune.core.report import envelope
     extra = rack._extravars(args.extra_vars)

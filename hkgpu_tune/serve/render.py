@@ -15,15 +15,8 @@ import shutil
 
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.core.fsutil import atomic_write
+from hkgpu_tune.serve.config import model_filename
 
-# the file name Triton looks for in a version directory, per backend or platform
-DEFAULT_FILE = {
-    "python": "model.py", "hkbatch": "model.py",
-    "onnxruntime_onnx": "model.onnx", "onnxruntime": "model.onnx",
-    "tensorrt_plan": "model.plan", "tensorrt": "model.plan",
-    "pytorch_libtorch": "model.pt", "pytorch": "model.pt",
-    "tensorflow_savedmodel": "model.savedmodel", "openvino": "model.xml",
-}
 
 
 def _schema():
@@ -200,13 +193,6 @@ def config_diff(desired: dict, served: dict) -> list[tuple[str, object, object]]
 
 
 # ---------------------------------------------------------------- writing the repository
-def model_filename(model) -> str:
-    name = DEFAULT_FILE.get(model.backend)
-    if name:
-        return name
-    return os.path.basename(model.model_file) if model.model_file else "model"
-
-
 def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:12]
 
@@ -311,3 +297,16 @@ def write_repository(t, backends=None) -> list[str]:
 
 def remove_model(t, name: str) -> None:
     shutil.rmtree(os.path.join(t.model_repository, name), ignore_errors=True)
+
+
+def check_models(t):
+    """Each model's config against Triton's schema (tritonclient's model_config_pb2): a bad field is
+    a profile error at its key path. Done at plan time, once per section object: parsing a profile
+    imports no service code."""
+    if getattr(t, "_checked", False):
+        return t
+    for m in t.models:
+        if m.item is not None:
+            check_config(m.config, m.nodes, m.item)
+    object.__setattr__(t, "_checked", True)
+    return t
