@@ -284,9 +284,23 @@ def parse_network(n: Node) -> Network:
     return Network(ifaces, peers, wan, routes, **probe)
 
 
+COALESCE = {"rx_usecs": (0, 1 << 20), "tx_usecs": (0, 1 << 20), "rx_frames": (0, 1 << 16),
+            "tx_frames": (0, 1 << 16), "adaptive_rx": None, "adaptive_tx": None}
+# network.interfaces[].coalesce and .pause (applied by subsystems/ethtool.py)
+PAUSE = ("rx", "tx", "autoneg")
+
+
 def _nic_extras(f: dict) -> dict:
-    from hkgpu_tune.subsystems.ethtool import parse_extras
-    return parse_extras(f)
+    """coalesce, pause and speed_mbit of one network.interfaces[] entry (profile nodes)."""
+    out = {}
+    if "coalesce" in f:
+        out["coalesce"] = {k: (v.boolean() if COALESCE[k] is None else v.integer(*COALESCE[k]))
+                           for k, v in f["coalesce"].mapping(COALESCE).items()}
+    if "pause" in f:
+        out["pause"] = {k: v.boolean() for k, v in f["pause"].mapping(PAUSE).items()}
+    if "speed_mbit" in f:
+        out["speed_mbit"] = f["speed_mbit"].integer(10, 1_600_000)
+    return out
 
 
 # ---------------------------------------------------------------- sysctl section

@@ -16,25 +16,9 @@ from hkgpu_tune.core.match import could_match, find, identity, matched, resolve
 from hkgpu_tune.subsystems.base import Subsystem
 
 
-COALESCE = {"rx_usecs": (0, 1 << 20), "tx_usecs": (0, 1 << 20), "rx_frames": (0, 1 << 16),
-            "tx_frames": (0, 1 << 16), "adaptive_rx": None, "adaptive_tx": None}
-PAUSE = ("rx", "tx", "autoneg")
 # what each profile attribute needs read, by backend call
 PARTS = {"channels": "channels", "rings": "rings", "offloads": "features", "coalesce": "coalesce",
          "pause": "pause", "speed_mbit": "link_info"}
-
-
-def parse_extras(f: dict) -> dict:
-    """coalesce, pause and speed_mbit of one network.interfaces[] entry (profile nodes)."""
-    out = {}
-    if "coalesce" in f:
-        out["coalesce"] = {k: (v.boolean() if COALESCE[k] is None else v.integer(*COALESCE[k]))
-                           for k, v in f["coalesce"].mapping(COALESCE).items()}
-    if "pause" in f:
-        out["pause"] = {k: v.boolean() for k, v in f["pause"].mapping(PAUSE).items()}
-    if "speed_mbit" in f:
-        out["speed_mbit"] = f["speed_mbit"].integer(10, 1_600_000)
-    return out
 
 
 def _want(v, maximum):

@@ -1,4 +1,4 @@
-"""MIG layouts (gpu.mig), in nvidia-mig-parted's per-device form:
+"""MIG layouts (gpu.mig, parsed in subsystems/gpu.py), in nvidia-mig-parted's per-device form:
 
     gpu:
       mig:
@@ -16,62 +16,11 @@ Per GPU two settings, applied in this order and rolled back in the reverse one:
 """
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass
-
 from hkgpu_tune.backends.mig import IN_USE, RESET_REQUIRED, SUCCESS
 from hkgpu_tune.core.errors import ApplyError, HkError, UnsupportedError
 from hkgpu_tune.core.report import DRIFT, ERROR, OK, UNSUPPORTED
 from hkgpu_tune.subsystems.base import Subsystem
-
-PROFILE_NAME = r"[1-8]g\.[0-9]{1,4}gb(\+[a-z]{1,8})*"
-
-
-@dataclass(frozen=True)
-class MigEntry:
-    devices: tuple[int, ...] | None     # None: all
-    enabled: bool
-    layout: tuple[tuple[str, int], ...] = ()
-    line: int = 0
-
-    def counts(self) -> dict[str, int]:
-        return dict(sorted(self.layout))
-
-
-def parse_mig(n) -> tuple[MigEntry, ...]:
-    from hkgpu_tune.subsystems.gpu import parse_gpus
-    out, seen, every = [], {}, None
-    for item in n.items():
-        m = item.mapping(("devices", "mig-enabled", "mig-devices"), required=("devices", "mig-enabled"))
-        devs = parse_gpus(m["devices"])
-        on = m["mig-enabled"].boolean()
-        layout = []
-        if "mig-devices" in m:
-            if not on:
-                raise m["mig-devices"].error("mig-devices needs mig-enabled: true")
-            for name, cnt in m["mig-devices"].mapping().items():
-                if name.startswith(("1c.", "2c.", "3c.", "4c.", "7c.")):
-                    raise cnt.error("compute-instance profiles are not supported: each GPU instance gets "
-                                    "one compute instance spanning it")
-                if not re.fullmatch(PROFILE_NAME, name):
-                    raise cnt.error(f"expected a MIG profile name such as 1g.10gb or 1g.10gb+me, got {name!r}")
-                layout.append((name, cnt.integer(1, 8)))
-        if devs is None:
-            if every is not None or seen:
-                raise item.error("devices: all overlaps another entry")
-            every = item.line
-        else:
-            if every is not None:
-                raise item.error(f"devices overlap the entry with devices: all (line {every})")
-            for d in devs:
-                if d in seen:
-                    raise m["devices"].error(f"GPU {d} is already in the entry at line {seen[d]}")
-                seen[d] = item.line
-        out.append(MigEntry(devs, on, tuple(layout), item.line))
-    if not out:
-        raise n.error("expected at least one entry {devices, mig-enabled, mig-devices}")
-    return tuple(out)
-
+from hkgpu_tune.subsystems.gpu import MigEntry
 
 def check_layout(want: dict[str, int], profiles: list[dict], model: str) -> str:
     """Why a layout cannot be built on this GPU ('' when it fits)."""

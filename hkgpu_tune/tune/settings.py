@@ -189,7 +189,7 @@ def _ethtool(part: str) -> Callable[[Change], None]:
         if part == "channels":
             one_of(field, "data.field", _CHANNELS)
         elif part in ("coalesce", "pause"):
-            from hkgpu_tune.subsystems.ethtool import COALESCE, PAUSE
+            from hkgpu_tune.core.profile import COALESCE, PAUSE
             one_of(field, "data.field", tuple(COALESCE if part == "coalesce" else PAUSE))
             for k, v in (("original", c.current), ("desired", c.desired)):
                 if field.startswith("adaptive") or part == "pause":
