@@ -327,7 +327,7 @@ class SysctlSetting:
 AT_LEAST = {"net.core.rmem_max", "net.core.wmem_max", "net.core.rmem_default", "net.core.wmem_default",
             "net.core.netdev_max_backlog", "net.core.optmem_max", "net.core.somaxconn",
             "net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem", "net.ipv4.udp_rmem_min", "net.ipv4.udp_wmem_min",
-            "net.ipv4.tcp_max_syn_backlog", "net.core.netdev_budget"}
+            "net.ipv4.tcp_max_syn_backlog", "net.core.netdev_budget", "net.netfilter.nf_conntrack_max"}
 
 
 def _sysctl_value(n: Node) -> str:

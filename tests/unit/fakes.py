@@ -210,6 +210,9 @@ class FakeCmd:
         self.answers = answers or {}
         self.calls = []
 
+    def which(self, prog):     # no program installed but what `run` stands in for
+        return None
+
     def run(self, argv, timeout=30, env=None):
         from hkgpu_tune.backends.command import Completed
         self.calls.append(argv)
