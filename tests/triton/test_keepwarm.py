@@ -27,10 +27,10 @@ def server(tmp_path_factory):
     path.write_text(dump(doc))
     t = load_profile(str(path)).section("triton")
     render.write_repository(t)
-    launch.start(t)
+    st = launch.start(t)
     try:
         launch.wait_ready(t)
-        yield t, str(path)
+        yield t, str(path), st["pid"]
     finally:
         launch.stop(t)
 
@@ -48,7 +48,7 @@ def keepwarm(path, *args):
 
 
 def test_idle_model_gets_one_request_per_period(server):
-    t, path = server
+    t, path, _ = server
     before = successes(t)
     p = keepwarm(path, "--idle-s", "1", "--period-s", "0.5", "--duration-s", "4")
     assert p.returncode == 0, p.stderr
@@ -58,7 +58,7 @@ def test_idle_model_gets_one_request_per_period(server):
 
 
 def test_busy_model_gets_none(server):
-    t, path = server
+    t, path, _ = server
     stop = threading.Event()
 
     def traffic():
@@ -80,8 +80,18 @@ def test_busy_model_gets_none(server):
 
 
 def test_bad_arguments_are_one_line(server, tmp_path):
-    _, path = server
+    _, path, _ = server
     p = keepwarm(path, "--model", "nope")
     assert p.returncode == 1 and p.stderr.strip() == "keepwarm: --model nope: not in the profile's triton.models"
     p = keepwarm(path, "--idle-s", "1", "--period-s", "5")
     assert p.returncode == 1 and "period_s <= idle_s" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_server_runs_with_the_connection_defaults(server):
+    """tritonserver took triton.connections' options (it is ready with them: see the fixture)."""
+    import psutil
+    _, _, pid = server
+    cmd = psutil.Process(pid).cmdline()
+    for opt in ("--grpc-keepalive-time=60000", "--grpc-keepalive-permit-without-calls=1",
+                "--grpc-http2-min-recv-ping-interval-without-data=10000"):
+        assert opt in cmd, cmd
