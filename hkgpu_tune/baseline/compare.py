@@ -346,7 +346,7 @@ def print_table(cmp: Comparison, console, title: str | None = None) -> None:
         t.add_row(*[Text(c, style=style if COLUMNS[i] == "verdict" else "") for i, c in enumerate(cells)])
     console.print(t)
     for line in notes(cmp):
-        console.print(Text(line), soft_wrap=True)
+        console.print(Text(line))
     for c in cmp.node_changes:
-        console.print(Text(f"node changed: {c['what']}: {c['before']!r} -> {c['after']!r}"), soft_wrap=True)
-    console.print(Text(summary_line(cmp)), soft_wrap=True)
+        console.print(Text(f"node changed: {c['what']}: {c['before']!r} -> {c['after']!r}"))
+    console.print(Text(summary_line(cmp)))

@@ -355,6 +355,10 @@ def parse_sysctl(n: Node) -> list[SysctlSetting]:
         if not valid_sysctl_key(key):
             raise v.error("not a sysctl key (expected dotted names under /proc/sys such as net.core.rmem_max: "
                           f"letters, digits, '_' and '-', at most {SYSCTL_KEY_MAX} characters)")
+        from hkgpu_tune.core.sysctl_names import misspelt
+        near = misspelt(key)
+        if near:
+            raise v.error(f"no such sysctl {key}; did you mean {near}?")
         compare = "at_least" if key in AT_LEAST else "exact"
         optional = False
         if isinstance(v.node, yaml.MappingNode):
@@ -387,6 +391,7 @@ SECTIONS: dict[str, str] = {
     "affinity": "hkgpu_tune.subsystems.affinity:parse_profile",
     "triton": "hkgpu_tune.serve.config:parse_profile",
     "health": "hkgpu_tune.observe.health_config:parse_profile",
+    "export": "hkgpu_tune.observe.collect.exporters:parse_profile",
     "baseline": "hkgpu_tune.baseline.settings:parse_profile",
     "tcp_buffers": "hkgpu_tune.subsystems.sysctl:parse_tcp_buffers",
 }

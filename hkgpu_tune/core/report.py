@@ -145,6 +145,77 @@ def to_json(results, extra=None) -> str:
     return json.dumps(results_doc(results, extra), indent=2, default=str)
 
 
+WIDTH = 80   # the width of a report that is not on a terminal (a pipe, a file, the journal, CI)
+
+
+class _Rstrip:
+    """A text stream that drops the blanks rich pads the last cell of a row with: each line is
+    written when its newline comes, without trailing spaces."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self._part = ""
+
+    def write(self, s: str) -> int:
+        lines = (self._part + s).split("\n")
+        self._part = lines.pop()
+        if lines:
+            self._stream.write("".join(ln.rstrip(" ") + "\n" for ln in lines))
+        return len(s)
+
+    def flush(self) -> None:
+        if self._part:
+            self._stream.write(self._part.rstrip(" "))
+            self._part = ""
+        self._stream.flush()
+
+    def isatty(self) -> bool:
+        return self._stream.isatty()
+
+    def fileno(self) -> int:
+        return self._stream.fileno()
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def out_width(stream=None) -> int | None:
+    """None on a terminal (rich asks it); else $COLUMNS where it is a number, capped at 80, else 80."""
+    import os
+    import sys
+    stream = stream or sys.stdout
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    if tty:
+        return None
+    cols = os.environ.get("COLUMNS", "")
+    return min(int(cols), WIDTH) if cols.isdigit() and int(cols) >= 20 else WIDTH
+
+
+def wrap(line: str, width: int = WIDTH) -> str:
+    """A plain line of a log or a pipe, wrapped at words to `width`; continuation lines indented."""
+    import textwrap
+    if len(line) <= width:
+        return line
+    return "\n".join(textwrap.wrap(line, width, subsequent_indent="    ", break_long_words=False,
+                                    break_on_hyphens=False))
+
+
+def make_console(stderr: bool = False, file=None):
+    """The one rich Console of every command: the terminal's width on a terminal; 80 columns in a
+    pipe, a file or the journal, with no trailing blanks and no colour codes."""
+    import sys
+    from rich.console import Console
+    stream = file or (sys.stderr if stderr else sys.stdout)
+    width = out_width(stream)
+    if width is None:
+        return Console(file=stream, soft_wrap=False)
+    return Console(file=_Rstrip(stream), width=width, soft_wrap=False, color_system=None,
+                   force_terminal=False, force_jupyter=False)
+
+
 def _table(title, cols):
     """A table that reads at 80 columns: no vertical rules; keys (a width given) are never folded
     inside a word unless longer than 36 characters; the other columns wrap at spaces."""
@@ -187,10 +258,9 @@ def _groups(items) -> dict:
 def print_table(results, console=None, title="verify") -> None:
     """Values go in as rich Text: a '[red]' in a profile value or a device name is printed as is.
     One table per subsystem and target (both in the title)."""
-    from rich.console import Console
     from rich.text import Text
 
-    console = console or Console()
+    console = console or make_console()
     for (sub, target), rows in _groups(results).items():
         t = _table(f"{title}: {sub} {target}", [("key", _key_width(r.key for r in rows)), ("current", 0),
                                                 ("desired", 0), ("status", 0)])
@@ -205,10 +275,9 @@ PLAIN_REASONS = {"differs", "below the desired value"}
 
 
 def print_changes(changes, results=(), console=None, title="plan") -> None:
-    from rich.console import Console
     from rich.text import Text
 
-    console = console or Console()
+    console = console or make_console()
     why = {(r.subsystem, str(r.target), r.key): str(r.reason) for r in results if r.reason}
     for (sub, target), rows in _groups(changes).items():
         t = _table(f"{title}: {sub} {target}", [("key", _key_width(c.key for c in rows)), ("current", 0),

@@ -111,16 +111,16 @@ def cli_run(args) -> int:
                 "regressions": regressed}
         print(json.dumps(envelope("rack baseline", data), indent=2, default=str))
     else:
-        from rich.console import Console
-        con = Console(width=200 if not sys.stdout.isatty() else None)
+        from hkgpu_tune.core.report import make_console, wrap
+        con = make_console()
         if run:
             for r in sorted(run.hosts.values(), key=lambda r: r.host):
-                print(rack.host_line(r))
+                print(wrap(rack.host_line(r)))
         for rk, hosts in reports.items():
             con.print(rack_table(rk, hosts))
         if not reports:
             print(f"no snapshots under {dest} yet")
-        print(f"{len(regressed)} regression(s)" + (": " + "; ".join(regressed) if regressed else ""))
+        print(wrap(f"{len(regressed)} regression(s)" + (": " + "; ".join(regressed) if regressed else "")))
     if run is not None and (not run.hosts or run.failed_hosts):
         print(f"hkgpu-tune: error: baseline capture failed on {', '.join(run.failed_hosts) or 'every host (none ran)'}",
               file=sys.stderr)

@@ -143,7 +143,8 @@ def diff_text(d) -> str:
 
 def run_playbook(action: str, inventory: str, limit: str | None = None, extravars: dict | None = None,
                  tags: str | None = None, check: bool = False, on_update=None, verbosity: int = 0,
-                 forks: int | None = None, skip_tags: str | None = None, on_event=None) -> RackRun:
+                 forks: int | None = None, skip_tags: str | None = None, on_event=None,
+                 diff: bool = False) -> RackRun:
     """Run site.yml (apply), verify.yml or rollback.yml (or a playbook path) through ansible-runner."""
     try:
         import ansible_runner
@@ -167,6 +168,8 @@ def run_playbook(action: str, inventory: str, limit: str | None = None, extravar
         cmdline += ["--skip-tags", skip_tags]
     if check:
         cmdline += ["--check", "--diff"]
+    elif diff:
+        cmdline += ["--diff"]
 
     def handler(ev):
         if on_event:
@@ -206,15 +209,39 @@ def add_parser(sub) -> None:
                    help="ansible-playbook's -v (repeat for more); its output is printed as it comes")
     p.add_argument("--check", "-C", action="store_true", help="check mode with diff: change nothing, "
                                                               "show what would change")
-    p.add_argument("--extra-vars", "-e", action="append", default=[], metavar="KEY=VALUE or JSON")
+    p.add_argument("--diff", "-D", action="store_true", help="show each task's changes as a diff")
+    p.add_argument("--extra-vars", "-e", action="append", default=[], metavar="KEY=VALUE, JSON or @FILE",
+                   help="variables as ansible-playbook takes them: KEY=VALUE, a JSON object, or @FILE "
+                        "(a YAML or JSON file of variables)")
     p.add_argument("--json", action="store_true", help="machine-readable per-host results")
     p.set_defaults(extra_run=cli_run)
+
+
+def _varsfile(path: str) -> dict:
+    """-e @FILE: a YAML (or JSON) mapping of variables; one line naming the file otherwise."""
+    import yaml
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f)
+    except OSError as e:
+        raise HkError(f"--extra-vars @{path}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        raise HkError(f"--extra-vars @{path}{where}: not valid YAML: {getattr(e, 'problem', None) or e}") from None
+    if doc is None:
+        return {}
+    if not isinstance(doc, dict) or not all(isinstance(k, str) for k in doc):
+        raise HkError(f"--extra-vars @{path}: expected a mapping of variable names to values")
+    return doc
 
 
 def _extravars(items) -> dict:
     out = {}
     for s in items:
-        if s.lstrip().startswith("{"):
+        if s.startswith("@"):
+            out.update(_varsfile(s[1:]))
+        elif s.lstrip().startswith("{"):
             try:
                 out.update(json.loads(s))
             except ValueError as e:
@@ -223,7 +250,7 @@ def _extravars(items) -> dict:
             k, v = s.split("=", 1)
             out[k] = v
         else:
-            raise HkError(f"--extra-vars: expected KEY=VALUE or JSON, got {s!r}")
+            raise HkError(f"--extra-vars: expected KEY=VALUE, JSON or @FILE, got {s!r}")
     return out
 
 
@@ -286,38 +313,56 @@ def _print_diffs(run: RackRun, out) -> None:
                 out(line)
 
 
+TASK_DONE = {"runner_on_ok": "ok", "runner_on_failed": "failed", "runner_on_unreachable": "unreachable"}
+
+
+def task_line(ev: dict) -> str | None:
+    """One line per host and task as it finishes ("tko-a01-n03 changed: sysctl"), for a log."""
+    data = ev.get("event_data") or {}
+    status = TASK_DONE.get(ev.get("event", ""))
+    if status is None or not data.get("host"):
+        return None
+    res = data.get("res") or {}
+    if status == "ok" and res.get("changed"):
+        status = "changed"
+    elif status == "failed" and data.get("ignore_errors"):
+        status = "failed (ignored)"
+    return f"{data['host']} {status}: {data.get('task', '')}"
+
+
 def cli_run(args) -> int:
-    from rich.console import Console
     from rich.text import Text
-    from hkgpu_tune.core.report import envelope
+    from hkgpu_tune.core.report import envelope, make_console, wrap
 
     extra = _extravars(args.extra_vars)
-    kw = dict(verbosity=args.verbose, forks=args.forks, skip_tags=args.skip_tags)
-    err = Console(stderr=True)
+    kw = dict(verbosity=args.verbose, forks=args.forks, skip_tags=args.skip_tags, diff=args.diff)
+    err = make_console(stderr=True)
     if args.verbose and not args.json:   # ansible's own output, as it comes
         import re
         tty = sys.stdout.isatty()
         kw["on_event"] = lambda ev: ev.get("stdout") and print(
             ev["stdout"] if tty else re.sub(r"\x1b\[[0-9;]*m", "", ev["stdout"]), flush=True)
+    elif not args.json and not sys.stdout.isatty():   # a log: each host's task as it finishes
+        kw["on_event"] = lambda ev: (line := task_line(ev)) and print(wrap(line), flush=True)
     if args.json:
         run = run_playbook(args.action, args.inventory, args.limit, extra, args.tags, args.check, **kw)
         print(json.dumps(envelope(f"rack {args.action}", run.to_dict()), indent=2, default=str))
     elif sys.stdout.isatty() and not args.verbose:
         from rich.live import Live
-        con = Console()
+        con = make_console()
         with Live(_progress({}), console=con, refresh_per_second=8, transient=True) as live:
             run = run_playbook(args.action, args.inventory, args.limit, extra, args.tags, args.check,
                                on_update=lambda hosts: live.update(_progress(hosts)), **kw)
-        if args.check:
+        if args.check or args.diff:
             _print_diffs(run, lambda s: con.print(Text(s, style="green" if s[:1] == "+" else
                                                        "red" if s[:1] == "-" else ""), soft_wrap=True))
         con.print(summary_table(run))
     else:   # a pipe, a log, CI: plain lines, one per host, no control characters
         run = run_playbook(args.action, args.inventory, args.limit, extra, args.tags, args.check, **kw)
-        if args.check:
+        if args.check or args.diff:
             _print_diffs(run, print)
         for r in sorted(run.hosts.values(), key=lambda r: r.host):
-            print(host_line(r))
+            print(wrap(host_line(r)))
         print(f"{Path(run.playbook).name}: {len(run.hosts)} host(s), {len(run.failed_hosts)} failed, "
               f"{run.elapsed_s:.1f} s")
     if not run.hosts:

@@ -51,6 +51,22 @@ class Endpoint:
         return {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(self.address, self.address)
 
 
+WEIGHT_FORMATS = ("state_dict", "torchscript", "export")   # torch_model.WEIGHT_FORMATS (a copy: that file stands alone)
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Trained weights for the torch engine: a file checked by its sha256 (pinned by the profile)."""
+    file: str
+    sha256: str
+    format: str = "state_dict"     # state_dict (for the torchvision architecture) | torchscript | export
+
+    @property
+    def served_name(self) -> str:
+        """Its name in the model's version directory."""
+        return "weights.pt2" if self.format == "export" else "weights.pt"
+
+
 @dataclass(frozen=True)
 class Build:
     """How the served engine is made: ONNX -> TensorRT plan with trtexec, or (no TensorRT) a
@@ -64,7 +80,8 @@ class Build:
     opt_batch: int | None = None
     max_batch: int | None = None
     workspace_mib: int | None = None
-    torchvision: str | None = None     # the torch engine's model (random weights)
+    torchvision: str | None = None     # the torch engine's model (random weights unless `weights`)
+    weights: Weights | None = None
     engine: str = "auto"               # auto | tensorrt | torch
     backend: str = "auto"              # the torch engine's Triton backend: auto | hkbatch | python
     cuda_graphs: bool = True
@@ -105,9 +122,10 @@ class Model:
 
 @dataclass(frozen=True)
 class MpsDirs:
-    """The MPS daemon's pipe and log directories (from the profile's mps section)."""
+    """The MPS daemon's pipe and log directories and its unit (from the profile's mps section)."""
     pipe_dir: str
     log_dir: str
+    unit: str = "nvidia-mps.service"
 
 
 @dataclass(frozen=True)
@@ -191,9 +209,13 @@ def _plain(n, key: str = ""):
 
 def _build(n, base: str) -> Build:
     m = n.mapping(("onnx", "fp16", "int8", "calibration_cache", "min_batch", "opt_batch", "max_batch",
-                   "workspace_mib", "torchvision", "engine", "backend", "cuda_graphs", "channels_last", "image_size"))
-    if "onnx" not in m and "torchvision" not in m:
+                   "workspace_mib", "torchvision", "engine", "backend", "cuda_graphs", "channels_last", "image_size",
+                   "weights"))
+    weights = _weights(m["weights"], base) if "weights" in m else None
+    if "onnx" not in m and "torchvision" not in m and weights is None:
         raise n.error("give 'onnx' (built into a TensorRT plan) or 'torchvision' (the torch engine), or both")
+    if weights and weights.format == "state_dict" and "torchvision" not in m:
+        raise m["weights"].error("state_dict weights need 'torchvision' (the architecture they are for)")
     b = Build(
         onnx=_path(m["onnx"], base) if "onnx" in m else None,
         fp16=m["fp16"].boolean() if "fp16" in m else True,
@@ -210,16 +232,47 @@ def _build(n, base: str) -> Build:
         cuda_graphs=m["cuda_graphs"].boolean() if "cuda_graphs" in m else True,
         channels_last=m["channels_last"].boolean() if "channels_last" in m else True,
         image_size=m["image_size"].integer(16, 4096) if "image_size" in m else 224,
+        weights=weights,
     )
+    if weights and b.engine == "tensorrt":
+        raise m["weights"].error("weights are for the torch engine (engine: tensorrt builds from the ONNX)")
     if b.int8 and not b.calibration_cache:
         raise m["int8"].error("int8 needs a calibration_cache (the file trtexec --calib reads)")
     if b.engine == "tensorrt" and not b.onnx:
         raise m["engine"].error("engine tensorrt needs 'onnx' (the network trtexec builds from)")
-    if b.engine == "torch" and not b.torchvision:
+    if b.engine == "torch" and not b.torchvision and not weights:
         raise m["engine"].error("engine torch needs 'torchvision' (the model torch runs)")
     if b.onnx and not os.path.isfile(b.onnx):
         raise m["onnx"].error(f"no such file: {b.onnx}")
     return b
+
+
+def _sha256(path: str) -> str:
+    import hashlib
+    from hkgpu_tune.core import fsutil
+    h = hashlib.sha256()
+    with fsutil.open_regular(path, "build.weights.file") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _weights(n, base: str) -> Weights:
+    """build.weights: {file, sha256, format}; the file must be a regular file with that sha256 (a
+    file changed since the profile pinned it is refused here, before anything is written)."""
+    m = n.mapping(("file", "sha256", "format"), required=("file", "sha256"))
+    w = Weights(_path(m["file"], base), m["sha256"].string(r"[0-9a-fA-F]{64}", "a sha256 (64 hex digits)").lower(),
+                m["format"].choice(WEIGHT_FORMATS) if "format" in m else "state_dict")
+    try:
+        sha = _sha256(w.file)
+    except HkError as e:
+        raise m["file"].error(str(e).removeprefix("build.weights.file: ")) from None
+    except OSError as e:
+        raise m["file"].error(f"{w.file}: cannot read: {e.strerror}") from None
+    if sha != w.sha256:
+        raise m["sha256"].error(f"{w.file} has sha256 {sha}, not the {w.sha256} given here "
+                                f"(the file changed, or the profile names the wrong one)")
+    return w
 
 
 TORCH_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_model.py")
@@ -233,7 +286,7 @@ def choose_engine(build: Build, trtexec: str | None) -> tuple[str, str]:
         return "torch", "asked for (engine: torch)"
     if build.onnx and trtexec:
         return "tensorrt", f"trtexec found at {trtexec}"
-    if build.torchvision:
+    if build.torchvision or build.weights:
         return "torch", "trtexec not found" if build.onnx else "no onnx to build a TensorRT plan from"
     return "tensorrt", "no torchvision model for the torch engine"
 
@@ -262,7 +315,11 @@ def _torch_config(config: dict, b: Build, backend: str) -> dict:
     out = {k: v for k, v in config.items() if k not in ("platform", "backend")}
     out["backend"] = backend
     params = dict(out.get("parameters", {}))
-    for k, v in (("torchvision", b.torchvision), ("fp16", str(b.fp16).lower()),
+    if b.weights:   # the profile's say over any copy in config: parameters
+        params.update({k: {"string_value": v} for k, v in (
+            ("weights_file", b.weights.served_name), ("weights_format", b.weights.format),
+            ("weights_sha256", b.weights.sha256))})
+    for k, v in (("torchvision", b.torchvision or ""), ("fp16", str(b.fp16).lower()),
                  ("channels_last", str(b.channels_last).lower()), ("cuda_graphs", str(b.cuda_graphs).lower()),
                  ("image_size", str(b.image_size))):
         params.setdefault(k, {"string_value": v})
@@ -408,7 +465,7 @@ def section(profile) -> Triton | None:
     t = profile.section("triton")
     mps = profile.section("mps")
     if t is not None and mps is not None and mps.enabled:
-        t = replace(t, mps=MpsDirs(mps.pipe_dir, mps.log_dir))
+        t = replace(t, mps=MpsDirs(mps.pipe_dir, mps.log_dir, mps.unit))
     return t
 
 
@@ -418,7 +475,10 @@ def engine_facts(m: Model) -> dict:
     import importlib.util
     out = {"engine": m.engine, "why": m.engine_reason}
     if m.engine == "torch":
-        out["detail"] = (f"{m.build.torchvision}, {'fp16' if m.build.fp16 else 'fp32'}"
+        w = m.build.weights
+        out["detail"] = (f"{m.build.torchvision or w.format}"
+                         f"{f' (weights sha256 {w.sha256[:12]})' if w else ' (random weights)'}, "
+                         f"{'fp16' if m.build.fp16 else 'fp32'}"
                          f"{', channels_last' if m.build.channels_last else ''}"
                          f"{', CUDA graphs' if m.build.cuda_graphs else ''}")
         missing = [p for p in ("torch", "torchvision") if importlib.util.find_spec(p) is None]

@@ -133,24 +133,20 @@ def cpu_list(cpus) -> str:
 
 
 def placement(t, backends=None) -> dict:
-    """CPUs and NUMA nodes local to the service's GPU, from the affinity subsystem."""
-    try:
-        from hkgpu_tune.backends.topology import service_placement
-    except ImportError:
-        service_placement = None
-    if service_placement is not None and t.gpu is not None:
+    """CPUs and NUMA nodes local to the service's GPU (backends.topology)."""
+    from hkgpu_tune.backends import topology
+    if t.gpu is not None:
         if backends is None:
             from hkgpu_tune.backends import Backends
             backends = Backends()
         try:
-            p = dict(service_placement(backends, t.gpu))
+            p = dict(topology.service_placement(backends, t.gpu))
             if p.get("cpus"):
                 return p
         except HkError as e:
             return {"cpus": sorted(os.sched_getaffinity(0)), "mems": [], "numa_node": None,
-                    "source": f"affinity subsystem: {e}; all CPUs"}
-    return {"cpus": sorted(os.sched_getaffinity(0)), "mems": [], "numa_node": None,
-            "source": "affinity subsystem unavailable" if service_placement is None else "no GPU named; all CPUs"}
+                    "source": f"placement: {e}; all CPUs"}
+    return {"cpus": sorted(os.sched_getaffinity(0)), "mems": [], "numa_node": None, "source": "no GPU named; all CPUs"}
 
 
 # ---------------------------------------------------------------- the three forms
@@ -204,9 +200,13 @@ def render_unit(t, place: dict | None = None) -> str:
     """The systemd unit of the service (binary or container form)."""
     place = place if place is not None else placement(t)
     argv = command(t, place)
+    after = ["network-online.target", "nvidia-persistenced.service"]
+    wants = ["network-online.target"]
+    if getattr(t, "mps", None) is not None:   # its clients need the MPS daemon up first
+        after.append(t.mps.unit)
+        wants.append(t.mps.unit)
     lines = ["[Unit]", "Description=Triton Inference Server (hkgpu-tune)",
-             "After=network-online.target nvidia-persistenced.service",
-             "Wants=network-online.target", ""]
+             "After=" + " ".join(after), "Wants=" + " ".join(wants), ""]
     lines += ["[Service]", "Type=simple"]
     if t.launch == "binary":
         user = t.user or DEFAULT_USER

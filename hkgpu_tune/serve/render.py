@@ -14,7 +14,7 @@ import re
 import shutil
 
 from hkgpu_tune.core.errors import HkError
-from hkgpu_tune.core.fsutil import atomic_write
+from hkgpu_tune.core.fsutil import atomic_write, copy_pinned
 from hkgpu_tune.serve.config import model_filename
 
 
@@ -235,6 +235,14 @@ def model_state(t, model) -> dict:
         reasons.append(f"{model.version}/{fname} differs from {model.model_file}")
     current = "absent" if have_cfg is None and have_file is None else f"{have_cfg or '-'}/{have_file or '-'}"
     out = {"current": current, "desired": f"{want_cfg}/{want_file}", "reason": "; ".join(reasons)}
+    w = model.build.weights if model.build else None
+    if w:   # the trained weights: the copy in the version directory against the sha256 the profile pins
+        have_w = _file_sha(os.path.join(d, str(model.version), w.served_name))
+        if have_w != w.sha256[:12]:
+            reasons.append(f"{model.version}/{w.served_name} " + ("absent" if have_w is None else
+                                                                  "is not the file build.weights pins"))
+        out.update(current=f"{out['current']}/{have_w or '-'}", desired=f"{out['desired']}/{w.sha256[:12]}",
+                   reason="; ".join(reasons))
     if model.backend == "hkbatch":   # its library, built from the source this package carries
         from hkgpu_tune.serve import batch_backend
         ok, why = batch_backend.available()
@@ -245,7 +253,7 @@ def model_state(t, model) -> dict:
             why_lib = ("from another source" if have_lib else "changed since it was built"
                        if os.path.lexists(lib) else "absent")
             reasons.append(f"{batch_backend.LIBRARY} {why_lib}")
-            out.update(current=f"{current}/{have_lib or '-'}", desired=f"{out['desired']}/{want_lib}",
+            out.update(current=f"{out['current']}/{have_lib or '-'}", desired=f"{out['desired']}/{want_lib}",
                        reason="; ".join(reasons))
         if not ok and (have_lib != want_lib or batch_backend.python_library() is None):
             out["unsupported"] = f"the hkbatch backend: {why}"
@@ -275,6 +283,13 @@ def write_model(t, model, backends=None) -> list[str]:
             with open(model.model_file, "rb") as src:
                 _atomic_write(target, src)
             written.append(target)
+    w = model.build.weights if model.build else None
+    if w:
+        wpath = os.path.join(d, str(model.version), w.served_name)
+        if _file_sha(wpath) != w.sha256[:12]:
+            os.makedirs(os.path.dirname(wpath), exist_ok=True)
+            copy_pinned(w.file, wpath, w.sha256, "build.weights")
+            written.append(wpath)
     if model.backend == "hkbatch":
         from hkgpu_tune.serve import batch_backend
         if batch_backend.install(d):

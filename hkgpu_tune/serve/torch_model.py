@@ -19,6 +19,7 @@ A UINT8 input (pixels as a front end decodes them) is scaled to the engine's dty
 """
 import json
 import os
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 
@@ -46,6 +47,7 @@ def graph_batches(max_batch: int, preferred=()) -> list[int]:
 TRUE, FALSE = ("true", "1", "yes", "on"), ("false", "0", "no", "off")
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 INPUT_TYPES = {"FP16": np.float16, "FP32": np.float32, "UINT8": np.uint8}
+WEIGHT_FORMATS = ("state_dict", "torchscript", "export")
 # measured on an H200 (issue 11): max-autotune took about 4 minutes for ResNet-50 at one batch size
 AUTOTUNE_MIN_BUDGET_S = 300
 # the compiled batch dimension's upper bound: one constant, so engines of any max_batch (the bench's
@@ -95,9 +97,31 @@ def engine_options(params: dict, input_type: str = "FP16") -> dict:
         raise ValueError(f"parameter compile_mode: {mode} took about 4 minutes for ResNet-50 on an H200; give "
                          f"compile_budget_s of {AUTOTUNE_MIN_BUDGET_S} or more (and a ready timeout to match), "
                          f"or compile_mode default")
+    opts["weights"] = weight_options(params)
+    if opts["weights"] and opts["fold_bn"] and opts["weights"]["format"] != "state_dict":
+        raise ValueError("parameter fold_bn: only for state_dict weights (an archive is run as it was saved)")
     if opts["compile"] and not opts["cuda_graphs"]:
         raise ValueError("parameter compile: needs cuda_graphs true (the compiled model is replayed as CUDA graphs)")
     return opts
+
+
+def weight_options(params: dict) -> dict | None:
+    """The weights the profile names (weights_file in the version directory, weights_format,
+    weights_sha256), or None for random weights."""
+    keys = ("weights_file", "weights_format", "weights_sha256")
+    v = {k: str(params.get(k, "")).strip() for k in keys}
+    if not any(v.values()):
+        return None
+    missing = [k for k in keys if not v[k]]
+    if missing:
+        raise ValueError(f"parameter {missing[0]}: needed with the other weights_* parameters")
+    if v["weights_format"] not in WEIGHT_FORMATS:
+        raise ValueError(f"parameter weights_format: {v['weights_format']!r} is not one of {', '.join(WEIGHT_FORMATS)}")
+    if not re.fullmatch(r"[0-9a-f]{64}", v["weights_sha256"]):
+        raise ValueError("parameter weights_sha256: not 64 lowercase hex digits")
+    if os.path.basename(v["weights_file"]) != v["weights_file"] or v["weights_file"] in (".", ".."):
+        raise ValueError(f"parameter weights_file: {v['weights_file']!r} is not a file name")
+    return {"file": v["weights_file"], "format": v["weights_format"], "sha256": v["weights_sha256"]}
 
 
 def private_dir(path: str) -> str:
@@ -135,6 +159,92 @@ def _make_forward(torch, model, device, in_dtype, dtype, channels_last: bool):
     return forward
 
 
+def file_sha256(path: str) -> str:
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0] if text else ''}"[:300]
+
+
+def new_stream(torch, device):
+    """A CUDA stream no one else in the process has. torch.cuda.Stream() hands out streams from a
+    pool of 32 per priority, round robin: with a dozen instances in one server process a new
+    instance's capture stream can be a running instance's stream, and that instance's replay then
+    fails ("Cannot prepare for replay during capturing stage") or is captured into the new graph.
+    Made with cudaStreamCreateWithFlags (non-blocking) from the CUDA runtime torch has loaded, else
+    the driver's cuStreamCreate; a pool stream only where neither can be found (said in the log)."""
+    import ctypes
+    torch.cuda.synchronize(device)   # the runtime's context is current in this thread
+    handle = ctypes.c_void_p()
+    libs = []
+    try:
+        with open("/proc/self/maps") as f:
+            libs = sorted({ln.split()[-1] for ln in f if "/libcudart.so" in ln})
+    except OSError:
+        pass
+    for lib, fn in [(p, "cudaStreamCreateWithFlags") for p in libs] + [("libcuda.so.1", "cuStreamCreate")]:
+        try:
+            create = getattr(ctypes.CDLL(lib), fn)
+        except (OSError, AttributeError):
+            continue
+        if create(ctypes.byref(handle), 1) == 0 and handle.value:   # 1: non-blocking
+            return torch.cuda.ExternalStream(handle.value, device=device)
+    return None
+
+
+def build_model(torch, torchvision, name: str, num_classes: int, weights: dict | None):
+    """The model in eval mode on the CPU: a torchvision architecture with random weights, or with the
+    weights the profile names (build.weights: a state_dict for that architecture, a TorchScript
+    archive or a torch.export archive), checked against their sha256 first. ValueError naming
+    build.weights for a file that is missing, altered, of another architecture or does not load."""
+    if weights is None or weights["format"] == "state_dict":
+        fn = getattr(torchvision.models, name, None)
+        if fn is None:
+            raise ValueError(f"torchvision has no model {name!r}")
+        model = fn(weights=None, num_classes=num_classes)
+    if weights is None:
+        return model.eval()
+    path, fmt = weights["path"], weights["format"]
+    where = f"build.weights: {os.path.basename(path)} ({fmt})"
+    try:
+        sha = file_sha256(path)
+    except OSError as e:
+        raise ValueError(f"{where}: cannot read: {e.strerror}") from None
+    if sha != weights["sha256"]:
+        raise ValueError(f"{where}: sha256 {sha} is not the {weights['sha256']} the profile pins")
+    try:
+        if fmt == "state_dict":
+            sd = torch.load(path, map_location="cpu", weights_only=True)   # no pickled code runs
+            if isinstance(sd, dict) and isinstance(sd.get("state_dict"), dict):
+                sd = sd["state_dict"]
+            if not isinstance(sd, dict):
+                raise ValueError(f"holds a {type(sd).__name__}, not a state_dict")
+        elif fmt == "torchscript":
+            model = torch.jit.load(path, map_location="cpu")
+        else:
+            model = torch.export.load(path).module()
+    except Exception as e:  # noqa: BLE001 - any failure to read the archive is the file's fault
+        raise ValueError(f"{where}: does not load: {_first_line(e)}") from None
+    if fmt == "state_dict":
+        try:
+            model.load_state_dict(sd, strict=True)
+        except RuntimeError as e:
+            raise ValueError(f"{where}: not the weights of {name} with {num_classes} classes: "
+                             f"{_first_line(e)}") from None
+        return model.eval()
+    try:
+        return model.eval()
+    except (NotImplementedError, RuntimeError):   # an exported module refuses eval(): it is traced as exported
+        return model
+
+
 class TorchEngine:
     """One model on one GPU: pinned host buffers allocated once, a CUDA stream of its own,
     and (cuda_graphs) one captured graph per batch size sharing one memory pool."""
@@ -143,7 +253,7 @@ class TorchEngine:
                  channels_last: bool = True, cuda_graphs: bool = True, image_size: int = 224,
                  num_classes: int = 1000, fold_bn: bool = False, input_type: str = "FP16",
                  compile: bool = False, compile_mode: str = "default", compile_cache_dir: str | None = None,
-                 compile_budget_s: float = 60, sync: str = "blocking", log=None):
+                 compile_budget_s: float = 60, sync: str = "blocking", weights: dict | None = None, log=None):
         if compile and max(batches) > COMPILE_MAX_BATCH:
             raise ValueError(f"compile: batches up to {COMPILE_MAX_BATCH} (asked for {max(batches)})")
         if compile:
@@ -169,70 +279,84 @@ class TorchEngine:
         # in one server process (the hkbatch backend) share it, and a compile guarded on one engine
         # would recompile for each (past dynamo's cache limit, silently eager)
         key = (name, fp16, channels_last, fold_bn, compile, compile_mode, input_type, image_size, num_classes,
-               str(self.device))
+               str(self.device), (weights or {}).get("sha256"))
         shared = _SHARED.get(key)
-        if shared is None:
-            fn = getattr(torchvision.models, name, None)
-            if fn is None:
-                raise ValueError(f"torchvision has no model {name!r}")
-            model = fn(weights=None, num_classes=num_classes).eval()
-            if fold_bn:   # in fp32, before the cast: conv weights absorb the batch norm's scale and shift
-                from torch.fx.experimental.optimization import fuse
-                model = fuse(model)
-            model = model.to(self.device, self.dtype)
-            if channels_last:
-                model = model.to(memory_format=torch.channels_last)
-            fwd = _make_forward(torch, model, self.device, self.in_dtype, self.dtype, channels_last)
-            if compile:
-                fwd = torch.compile(fwd, mode=compile_mode)
-        else:
-            model, fwd = shared
-        self.model, self.fwd = model, fwd
-        shape = (3, image_size, image_size)
-        self.stream = torch.cuda.Stream(self.device)
-        # blocking: the thread sleeps until the batch is back (spin: it polls, a core each)
-        self.done = torch.cuda.Event(blocking=sync == "blocking")
-        self.host_in = torch.empty((self.max_batch, *shape), dtype=self.in_dtype).pin_memory()
-        self.host_in_np = self.host_in.numpy()
-        self.dev_in = torch.zeros((self.max_batch, *shape), dtype=self.in_dtype, device=self.device)
-        self.graphs, self.outs = {}, {}
-        self.compile_s = None
-        t0 = time.monotonic()
-        with torch.inference_mode():
-            if compile:
-                x = self.dev_in[:self.max_batch]
-                torch._dynamo.mark_dynamic(x, 0, min=2, max=COMPILE_MAX_BATCH)
-                self.fwd(x)
-                torch.cuda.synchronize(self.device)
-                self.compile_s = time.monotonic() - t0
-                if log:
-                    log(f"torch.compile ({compile_mode}) in {self.compile_s:.1f} s"
-                        + (" (shared with this process's other instances)" if shared else "")
-                        + (f": over the budget of {compile_budget_s:g} s" if self.compile_s > compile_budget_s else ""))
-            out = self.fwd(self.dev_in[:1])
-            self.host_out = torch.empty((self.max_batch, *out.shape[1:]), dtype=out.dtype).pin_memory()
-            self.host_out_np = self.host_out.numpy()
-            if cuda_graphs:
-                self._capture()
-        torch.cuda.synchronize(self.device)
+        # everything this engine puts on the GPU goes through a stream of its own: the legacy default
+        # stream and a device-wide synchronize would wait on (and stall) the instances already serving
+        streams = [new_stream(torch, self.device) for _ in range(2)]
+        self.private_streams = all(st is not None for st in streams)
+        if not self.private_streams and log:
+            log("no CUDA runtime found to make private streams: using torch's stream pool (a reload under load "
+                "may disturb running instances)")
+        init, self.stream = [st or torch.cuda.Stream(self.device) for st in streams]
+        with torch.cuda.stream(init):
+            if shared is None:
+                model = build_model(torch, torchvision, name, num_classes, weights)
+                if fold_bn:   # in fp32, before the cast: conv weights absorb the batch norm's scale and shift
+                    from torch.fx.experimental.optimization import fuse
+                    model = fuse(model)
+                model = model.to(self.device, self.dtype)
+                if channels_last:
+                    model = model.to(memory_format=torch.channels_last)
+                fwd = _make_forward(torch, model, self.device, self.in_dtype, self.dtype, channels_last)
+                if compile:
+                    fwd = torch.compile(fwd, mode=compile_mode)
+            else:
+                model, fwd = shared
+            self.model, self.fwd = model, fwd
+            shape = (3, image_size, image_size)
+            # blocking: the thread sleeps until the batch is back (spin: it polls, a core each)
+            self.done = torch.cuda.Event(blocking=sync == "blocking")
+            self.host_in = torch.empty((self.max_batch, *shape), dtype=self.in_dtype).pin_memory()
+            self.host_in_np = self.host_in.numpy()
+            self.dev_in = torch.zeros((self.max_batch, *shape), dtype=self.in_dtype, device=self.device)
+            self.graphs, self.outs = {}, {}
+            self.compile_s = None
+            t0 = time.monotonic()
+            with torch.inference_mode():
+                if compile:
+                    x = self.dev_in[:self.max_batch]
+                    torch._dynamo.mark_dynamic(x, 0, min=2, max=COMPILE_MAX_BATCH)
+                    self.fwd(x)
+                    init.synchronize()
+                    self.compile_s = time.monotonic() - t0
+                    if log:
+                        log(f"torch.compile ({compile_mode}) in {self.compile_s:.1f} s"
+                            + (" (shared with this process's other instances)" if shared else "")
+                            + (f": over the budget of {compile_budget_s:g} s" if self.compile_s > compile_budget_s
+                               else ""))
+                out = self.fwd(self.dev_in[:1])
+                self.host_out = torch.empty((self.max_batch, *out.shape[1:]), dtype=out.dtype).pin_memory()
+                self.host_out_np = self.host_out.numpy()
+                if cuda_graphs:
+                    self._capture(init)
+        init.synchronize()
+        self.stream.wait_stream(init)
         self.capture_s = time.monotonic() - t0
         _SHARED.setdefault(key, (model, fwd))   # once it has run: a failed compile is not kept
 
-    def _capture(self):
+    def _capture(self, side):
+        """One graph per batch size, captured so that the instances already serving in this process
+        never notice: warm-up and capture on a stream of this engine's own, the capture in
+        thread-local mode (another thread's synchronize or allocation neither fails nor breaks it),
+        graphs in a private pool, and no device-wide synchronize or cache release (torch.cuda.graph
+        does both before each capture: they stall every running instance)."""
         torch = self.torch
         pool = torch.cuda.graph_pool_handle()
-        side = torch.cuda.Stream(self.device)
-        for b in reversed(self.batches):   # largest first: the smaller graphs reuse its pool
-            x = self.dev_in[:b]
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                for _ in range(3):         # cudnn picks its algorithms outside the capture
+        with torch.cuda.stream(side):
+            for b in reversed(self.batches):   # largest first: the smaller graphs reuse its pool
+                x = self.dev_in[:b]
+                for _ in range(3):             # cudnn picks its algorithms outside the capture
                     self.fwd(x)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            g = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g, pool=pool, stream=side):
-                self.outs[b] = self.fwd(x)
-            self.graphs[b] = g
+                side.synchronize()
+                g = torch.cuda.CUDAGraph()
+                g.capture_begin(pool=pool, capture_error_mode="thread_local")
+                try:
+                    self.outs[b] = self.fwd(x)
+                finally:
+                    g.capture_end()
+                self.graphs[b] = g
+        side.synchronize()
 
     def bucket(self, n: int) -> int:
         for b in self.batches:
@@ -357,11 +481,16 @@ def engine_from_args(args: dict, log):
     if max_batch not in sizes:
         sizes.append(max_batch)
     copy_threads(p)   # checked before the minutes of compile and capture
+    if opts["weights"]:   # in the version directory, beside model.py
+        opts["weights"]["path"] = os.path.join(args["model_repository"], str(args.get("model_version", "1")),
+                                               opts["weights"]["file"])
     gpu = int(args.get("model_instance_device_id") or 0)
     if args.get("model_instance_kind") == "CPU":
         gpu = 0   # a CPU instance still drives the first visible GPU
-    engine = TorchEngine(p.get("torchvision", "resnet50"), sizes, device=f"cuda:{gpu}", log=log, **opts)
+    engine = TorchEngine(p.get("torchvision") or "resnet50", sizes, device=f"cuda:{gpu}", log=log, **opts)
     on = [k for k in ("fp16", "channels_last", "cuda_graphs", "fold_bn", "compile") if opts[k]]
+    if opts["weights"]:
+        on.append(f"weights {opts['weights']['file']} sha256 {opts['weights']['sha256'][:12]}")
     log(f"torch engine on cuda:{gpu} ({', '.join(on)}, input {opts['input_type']}), "
         f"graphs for batches {sizes} ready in {engine.capture_s:.1f} s, pid {os.getpid()}")
     return cfg, engine, p

@@ -227,16 +227,29 @@ class Plugin(Subsystem):
                 redeploy.drop_newer(ch.data["repository"], ch.data["model"])
 
     def _put_back(self, reload) -> str:
-        """The previous model directories back on disk and loaded again; says how that went."""
-        errs = []
-        for ch in reversed(reload):
+        """The previous model directories back on disk (all of them first), then one load per model:
+        from those files, or with the config it served where only that changed. A load never pairs
+        the previous config with the new files (new weights under the old pinned sha256 fail to load)."""
+        errs, with_files, loaded = [], {ch.data["model"] for ch in reload if ch.key == "repository"}, set()
+        for ch in reload:
+            if ch.key == "repository":
+                try:
+                    self._put_files_back(ch)
+                except HkError as e:
+                    errs.append(str(e))
+        for ch in reload:
+            name = ch.data["model"]
+            if name in loaded or (name in with_files and ch.key != "repository"):
+                continue
+            loaded.add(name)
             try:
-                self._restore_model(ch)
-                ch.data["restored"] = True
+                self._load_previous(ch)
             except HkError as e:
                 errs.append(str(e))
         if errs:
             return "putting the previous config back failed: " + "; ".join(errs)
+        for ch in reload:
+            ch.data["restored"] = True
         return "the previous config is serving again"
 
     def _undo_restart(self, restart, reload) -> str:
@@ -269,12 +282,14 @@ class Plugin(Subsystem):
 
     def _restore_model(self, ch) -> None:
         """A model as it was before: its directory back, and loaded (or unloaded) where the server runs."""
-        from hkgpu_tune.serve import launch
-        d = ch.data
-        ref = launch.ServiceRef.from_dict(d["service"])
         if ch.key == "repository":
             self._put_files_back(ch)
-        c = ref.client()
+        self._load_previous(ch)
+
+    def _load_previous(self, ch) -> None:
+        from hkgpu_tune.serve import launch
+        d = ch.data
+        c = launch.ServiceRef.from_dict(d["service"]).client()
         try:
             if not c.live():
                 return

@@ -348,13 +348,24 @@ def sysctl_conf(profile, results) -> str:
     return "\n".join(lines) + "\n"
 
 
-def boot_unit(exe: str, only: list[str]) -> str:
+def device_unit(ifname: str) -> str:
+    """The systemd device unit of a network interface (systemd-escape --path)."""
+    esc = "".join(c if c.isalnum() or c in ":_" or (c == "." and i) else f"\\x{ord(c):02x}"
+                  for i, c in enumerate(ifname))
+    return f"sys-subsystem-net-devices-{esc}.device"
+
+
+def boot_unit(exe: str, only: list[str], devices=()) -> str:
+    """The boot unit. It waits for the interfaces it tunes (their device units: each at most
+    systemd's device timeout), not for systemd-udev-settle, which is deprecated and waits for all."""
+    devs = " ".join(device_unit(d) for d in dict.fromkeys(devices))
+    wait = f"\nWants={devs}\nAfter={devs}" if devs else ""
     return f"""# Written by hkgpu-tune apply --persist; `hkgpu-tune rollback` removes it.
 [Unit]
 Description=hkgpu-tune: re-apply runtime NIC settings, then verify and export the metrics
 DefaultDependencies=no
-After=systemd-udev-settle.service systemd-sysctl.service network-pre.target nvidia-persistenced.service
-Wants=network-pre.target
+After=systemd-udev-trigger.service systemd-sysctl.service network-pre.target nvidia-persistenced.service
+Wants=network-pre.target{wait}
 Before=network-online.target shutdown.target
 Conflicts=shutdown.target
 
@@ -409,7 +420,8 @@ def _persist(engine, profile, root, profile_path) -> list[str]:
         only = (["link"] if boot_link else []) + runtime
         if only:
             exe = shutil.which("hkgpu-tune") or os.path.join(os.path.dirname(sys.executable), "hkgpu-tune")
-            done.append("unit: " + w.write(UNIT_FILE, boot_unit(exe, only)))
+            devices = [ln["name"] for ln, _, _ in owners] if "link" in engine.by_name else []
+            done.append("unit: " + w.write(UNIT_FILE, boot_unit(exe, only, devices)))
             done.append("enabled: " + w.link(WANTS_LINK, f"/{UNIT_FILE}"))
             if root == "/" and os.path.isdir("/run/systemd/system"):
                 engine.b.cmd.run(["systemctl", "daemon-reload"])

@@ -17,6 +17,9 @@ def test_cpu_masks():
 
 
 def fake_pynvml():
+    """pynvml as NVIDIA's NVML API reference describes it for two x86 GPUs: nvmlDeviceGetNumaNodeId
+    answers NVML_ERROR_NOT_SUPPORTED (the GPU is not a NUMA node), nvmlDeviceGetCpuAffinity a list
+    of 64-bit masks, nvmlDeviceGetPciInfo a busId of 8-digit domain; calls it lacks raise AttributeError."""
     m = types.ModuleType("pynvml")
 
     class NVMLError(Exception):

@@ -23,7 +23,8 @@ DEFAULT = ("nic", "tcp", "gpu", "kmsg")     # probe only when asked (it sends pa
 
 @dataclass
 class Family:
-    """One metric family of the textfile: name, "gauge"|"counter", help, [(labels, value)]."""
+    """One metric family of the textfile: name, "gauge"|"counter"|"summary", help, [(labels, value)].
+    A label "__name__" names the sample itself (a summary's NAME_sum and NAME_count)."""
 
     name: str
     kind: str
@@ -47,12 +48,14 @@ class Sources:
 
     nvml: an Nvml or ReplayNvml; nic: an object with devices(), stats(dev), ethtool_stats(dev)
     (collect.nic.SysNic by default); proc: a dict {"snmp": text, "netstat": text} (else /proc/net/*);
-    kmsg_lines: kernel log lines (else /dev/kmsg, then `journalctl -k -b`)."""
+    kmsg_lines: kernel log lines (else /dev/kmsg, then `journalctl -k -b`); proc_root: the /proc
+    whose processes say whether node_exporter and dcgm-exporter run here."""
 
     nvml: object = None
     nic: object = None
     proc: dict | None = None
     kmsg_lines: list | None = None
+    proc_root: str = "/proc"        # where the exporters' processes are looked for (collect.exporters)
     probe_count: int = 5
     probe_deadline_s: float = 5.0
 
@@ -112,11 +115,13 @@ def render(families) -> list[str]:
         lines.append(f"# HELP {f.name} {f.help}")
         lines.append(f"# TYPE {f.name} {f.kind}")
         for lab, v in samples:
+            name = lab.get("__name__", f.name)
+            lab = {k: x for k, x in lab.items() if k != "__name__"}
             if lab:
                 inner = ",".join(f'{k}="{label(x)}"' for k, x in lab.items())
-                lines.append(f"{f.name}{{{inner}}} {fmt(v)}")
+                lines.append(f"{name}{{{inner}}} {fmt(v)}")
             else:
-                lines.append(f"{f.name} {fmt(v)}")
+                lines.append(f"{name} {fmt(v)}")
     return lines
 
 

@@ -54,8 +54,11 @@ def families(gpus: list[dict]) -> list[Family]:
         ("hkgpu_tune_gpu_power_watts", "gauge", "GPU power draw."),
         ("hkgpu_tune_gpu_throttle", "gauge", "1 while the clock-event (throttle) reason is active."),
         ("hkgpu_tune_gpu_ecc_errors_total", "counter", "ECC errors (volatile: since driver load; aggregate: lifetime)."),
-        ("hkgpu_tune_gpu_remapped_rows", "gauge", "Remapped memory rows; pending and failed are 0/1."),
-        ("hkgpu_tune_gpu_retired_pages", "gauge", "Retired memory pages by cause; pending is 0/1."),
+        ("hkgpu_tune_gpu_remapped_rows", "gauge", "Memory rows remapped, by the error that caused it."),
+        ("hkgpu_tune_gpu_remap_pending", "gauge", "1 while a row remap waits for the next GPU reset."),
+        ("hkgpu_tune_gpu_remap_failed", "gauge", "1 if a row remap failed (the GPU needs replacing)."),
+        ("hkgpu_tune_gpu_retired_pages", "gauge", "Retired memory pages, by cause (sbe, dbe)."),
+        ("hkgpu_tune_gpu_retired_pages_pending", "gauge", "1 while a page retirement waits for a reset."),
         ("hkgpu_tune_gpu_pcie_link_gen", "gauge", "PCIe link generation."),
         ("hkgpu_tune_gpu_pcie_link_width", "gauge", "PCIe link width (lanes)."),
         ("hkgpu_tune_gpu_nvml_errors", "gauge", "NVML fields that answered an error other than NotSupported."))}
@@ -77,10 +80,20 @@ def families(gpus: list[dict]) -> list[Family]:
         for scope, kinds in (g["ecc"] or {}).items():
             for kind, v in (kinds or {}).items():
                 put("hkgpu_tune_gpu_ecc_errors_total", {**lab, "type": kind, "scope": scope}, v)
-        for state, v in (g["remapped_rows"] or {}).items():
-            put("hkgpu_tune_gpu_remapped_rows", {**lab, "state": state}, v)
-        for cause, v in (g["retired_pages"] or {}).items():
-            put("hkgpu_tune_gpu_retired_pages", {**lab, "cause": cause}, v)
+        # counts and 0/1 flags are separate families: a sum or rate over one family means one thing
+        rows = g["remapped_rows"] or {}     # NotSupported: no series, not a 0
+        for cause in ("correctable", "uncorrectable"):
+            if rows.get(cause) is not None:
+                put("hkgpu_tune_gpu_remapped_rows", {**lab, "cause": cause}, rows[cause])
+        for flag, name in (("pending", "hkgpu_tune_gpu_remap_pending"), ("failed", "hkgpu_tune_gpu_remap_failed")):
+            if rows.get(flag) is not None:
+                put(name, lab, rows[flag])
+        pages = g["retired_pages"] or {}
+        for cause in ("sbe", "dbe"):
+            if pages.get(cause) is not None:
+                put("hkgpu_tune_gpu_retired_pages", {**lab, "cause": cause}, pages[cause])
+        if pages.get("pending") is not None:
+            put("hkgpu_tune_gpu_retired_pages_pending", lab, pages["pending"])
         p = g["pcie"] or {}
         for which, k in (("current", "gen"), ("max", "max_gen")):
             put("hkgpu_tune_gpu_pcie_link_gen", {**lab, "which": which}, p.get(k))

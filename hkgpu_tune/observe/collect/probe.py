@@ -120,17 +120,19 @@ def jitter_thresholds_ms(profile) -> dict[str, float]:
 
 
 def families(profile, results) -> list[Family]:
-    F = [Family("hkgpu_tune_peer_rtt_seconds", "gauge", "Round-trip time to a peer (quantile over one probe)."),
+    # two gauges, not one with a quantile label: promtool allows "quantile" on summaries only
+    F = [Family("hkgpu_tune_peer_rtt_p50_seconds", "gauge", "Median round-trip time to a peer over one probe."),
          Family("hkgpu_tune_peer_jitter_seconds", "gauge", "Mean absolute difference of consecutive RTTs."),
          Family("hkgpu_tune_peer_loss_ratio", "gauge", "Share of probes without a reply."),
          Family("hkgpu_tune_peer_rtt_expected_seconds", "gauge", "The profile's expected RTT (wan_peers[].rtt_ms)."),
-         Family("hkgpu_tune_peer_jitter_threshold_seconds", "gauge", "The profile's jitter threshold (wan_peers[].jitter_ms).")]
+         Family("hkgpu_tune_peer_jitter_threshold_seconds", "gauge", "The profile's jitter threshold (wan_peers[].jitter_ms)."),
+         Family("hkgpu_tune_peer_rtt_p99_seconds", "gauge", "99th percentile round-trip time to a peer over one probe.")]
     expected = {name: rtt for name, _, _, rtt in peers(profile)}
     jitter_max = jitter_thresholds_ms(profile)
     for name, kind, s in results:
         lab = {"peer": name, "kind": kind}
-        for q, v in (("0.5", s.p50_ms), ("0.99", s.p99_ms)):
-            F[0].samples.append(({**lab, "quantile": q}, None if v is None else v / 1000))
+        F[0].samples.append((lab, None if s.p50_ms is None else s.p50_ms / 1000))
+        F[5].samples.append((lab, None if s.p99_ms is None else s.p99_ms / 1000))
         F[1].samples.append((lab, None if s.jitter_ms is None else s.jitter_ms / 1000))
         F[2].samples.append((lab, 1.0 if s.loss_ratio is None else s.loss_ratio))
         if expected.get(name) is not None:
