@@ -8,26 +8,14 @@ import re
 import socket
 import time
 
-from hkgpu_tune.core.errors import ApplyError, HkError, UnsupportedError
+from hkgpu_tune.core.errors import ApplyError, HkError
+from hkgpu_tune.backends.nic_extras import NicExtras, _nl_errno, _unsupported, _wrap  # noqa: F401
 
 TC_H_ROOT = 0xFFFFFFFF
 RTN_UNICAST, RTN_LOCAL = 1, 2
 CLONE_NEWNET = 0x40000000
 IFF_UP = 0x1
 PCI_ADDR = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
-
-
-def _nl_errno(e) -> int | None:
-    return getattr(e, "code", None) or getattr(e, "errno", None)
-
-
-def _wrap(e, what: str):
-    code = _nl_errno(e)
-    if code in (errno.EPERM, errno.EACCES):
-        return HkError(f"{what}: permission denied (run as root)", code)
-    if code in (errno.EOPNOTSUPP, errno.ENOENT, errno.ENOTSUP):
-        return UnsupportedError(f"{what}: not supported by this kernel or driver ({os.strerror(code)})", code)
-    return ApplyError(f"{what}: {e}", code)
 
 
 _shared = {"ip": None, "users": 0}
@@ -298,8 +286,9 @@ def feature_names(short: str, have) -> list[str]:
     return [n for n in have if any(fnmatchcase(n, p) for p in FEATURES[short])]
 
 
-class Ethtool:
-    """Channels, rings and features (pyroute2.ethtool: netlink, ioctl where needed)."""
+class Ethtool(NicExtras):
+    """Channels, rings and features (pyroute2.ethtool: netlink, ioctl where needed); coalescing,
+    pause frames and link facts from NicExtras."""
 
     def __init__(self):
         self._e = None
@@ -389,14 +378,6 @@ def _route_mtu(r) -> int | None:
     if isinstance(m, dict):
         return dict(m.get("attrs", [])).get("RTAX_MTU")
     return m.get_attr("RTAX_MTU") if m else None
-
-
-def _unsupported(e, what):
-    if "NotSupported" in type(e).__name__ or _nl_errno(e) in (errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL):
-        return UnsupportedError(f"{what}: not supported by the driver", errno.EOPNOTSUPP)
-    if _nl_errno(e) == errno.ENODEV or "No such device" in str(e):
-        return HkError(f"{what}: no such device", errno.ENODEV)
-    return _wrap(e, what)
 
 
 def _handle(h: int) -> str:

@@ -291,6 +291,19 @@ class Nvml:
         self._call(f"GPU {index} power limit", nv.nvmlDeviceSetPowerManagementLimit, self._h(index),
                    int(round(watts * 1000)))
 
+    # --- MIG: the NVML calls are backends/mig.py's
+    def mig(self, index: int) -> dict:
+        from hkgpu_tune.backends import mig
+        return mig.state(self._lib(), self._h(index))
+
+    def set_mig_mode(self, index: int, on: bool) -> int:
+        from hkgpu_tune.backends import mig
+        return mig.set_mode(self._lib(), self._h(index), on)
+
+    def set_mig_devices(self, index: int, want: dict) -> None:
+        from hkgpu_tune.backends import mig
+        mig.write_layout(self._lib(), self._h(index), want)
+
 
 class ReplayError(Exception):
     """pynvml's NVMLError, replayed."""
@@ -483,3 +496,18 @@ class ReplayNvml:
 
     def set_power_limit(self, index, watts):
         self._w(index, "power_limit_w", watts, lambda g: g.__setitem__("power_limit_w", watts))
+
+    # --- MIG: backends/mig.py's NVML calls, answered by MigLib from the record
+    def mig(self, index):
+        from hkgpu_tune.backends import mig
+        return mig.state(mig.MigLib(self._g(index)), None)
+
+    def set_mig_mode(self, index, on):
+        from hkgpu_tune.backends import mig
+        out = []
+        self._w(index, "mig_mode", on, lambda g: out.append(mig.set_mode(mig.MigLib(g), None, on)))
+        return out[0]
+
+    def set_mig_devices(self, index, want):
+        from hkgpu_tune.backends import mig
+        self._w(index, "mig_devices", dict(want), lambda g: mig.write_layout(mig.MigLib(g), None, want))

@@ -121,6 +121,7 @@ def capture(profile, quick: bool = False, engine: bool = True) -> tuple[dict, li
             timings[name] = round(time.monotonic() - t, 3)
 
     facts = timed("facts", _facts, profile)
+    node = timed("node", _node, profile)
     before = timed("counters_before", _collect, profile, ["nic", "tcp"])
     latency, p = timed("ping", ping_all, profile, counts, cfg.rtt_tolerance_pct)
     problems += p
@@ -153,7 +154,7 @@ def capture(profile, quick: bool = False, engine: bool = True) -> tuple[dict, li
         problems.append(f"engine benchmark: {bench.get('reason')}")
     timings["total"] = round(time.monotonic() - t_all, 3)
     data = {"baseline_format": FORMAT, "quick": quick, "boot_id": _boot_id(), "counts": counts.__dict__,
-            "iperf3_streams": cfg.iperf3_streams, "facts": facts, "latency": latency,
+            "iperf3_streams": cfg.iperf3_streams, "node": node, "facts": facts, "latency": latency,
             "throughput": tput, "counters": counters, "kernel": kernel, "gpu": gpu, "engine": bench,
             "problems": problems, "timings_s": timings,
             # compare without a profile (rack baseline on the controller) judges by these
@@ -168,6 +169,11 @@ def _boot_id() -> str | None:
             return f.read(64).strip() or None
     except OSError:
         return None
+
+
+def _node(profile) -> dict:
+    from hkgpu_tune.baseline.node import record
+    return record(profile)
 
 
 def _facts(profile) -> dict:

@@ -218,6 +218,7 @@ class Comparison:
     after: Snapshot
     rows: list[Row] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    node_changes: list[dict] = field(default_factory=list)   # node.changes: settings, versions, NICs
 
     @property
     def regressions(self) -> list[Row]:
@@ -231,7 +232,8 @@ class Comparison:
         side = lambda s: {"path": s.path, "host": s.host, "time": s.time, "profile": s.doc.get("profile"),
                           "quick": s.doc.get("quick")}
         return {"before": side(self.before), "after": side(self.after), "metrics": [r.to_dict() for r in self.rows],
-                "regressions": [r.key for r in self.regressions], "warnings": self.warnings}
+                "regressions": [r.key for r in self.regressions], "warnings": self.warnings,
+                "node_changes": self.node_changes}
 
 
 def recorded_thresholds(snap: Snapshot) -> dict:
@@ -290,6 +292,14 @@ def compare(before: Snapshot, after: Snapshot, cfg: settings.Settings | None = N
             row.verdict, row.noise = stats.verdict(b.samples or [vb], a.samples or [va], m.better, (vb, va))
             row.regressed = row.verdict == stats.WORSE and thr.passed(vb, va)
         cmp.rows.append(row)
+    from hkgpu_tune.baseline.node import changes
+    nb, na = before.doc.get("node"), after.doc.get("node")
+    if isinstance(nb, dict) and isinstance(na, dict):
+        cmp.node_changes = changes(nb, na)
+    else:
+        cmp.warnings.append("no node record in " + " and ".join(s.path for s, n in ((before, nb), (after, na))
+                                                               if not isinstance(n, dict))
+                            + ": settings and versions not compared (captured by an older hkgpu-tune)")
     bb, ba = before.doc.get("boot_id"), after.doc.get("boot_id")
     if bb and ba and bb != ba:
         for row in cmp.rows:
@@ -349,4 +359,6 @@ def print_table(cmp: Comparison, console, title: str | None = None) -> None:
     console.print(t)
     for line in notes(cmp):
         console.print(Text(line))
+    for c in cmp.node_changes:
+        console.print(Text(f"node changed: {c['what']}: {c['before']!r} -> {c['after']!r}"))
     console.print(Text(summary_line(cmp)))

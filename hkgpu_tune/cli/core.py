@@ -10,7 +10,8 @@ from hkgpu_tune.cli.context import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, PROFILE_HELP
 def _common(p) -> None:
     p.add_argument("--profile", "-p", type=nonempty, help=PROFILE_HELP)
     p.add_argument("--only", type=subsystem_list,
-                   help="comma-separated subsystems (sysctl,link,ethtool,qdisc,gpu,mps,affinity,triton)")
+                   help="comma-separated subsystems (sysctl,link,ethtool,qdisc,firewall,rdma,gpu,mig,mps,"
+                        "affinity,triton)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--state-dir", type=nonempty, help="where apply keeps the originals (default /var/lib/hkgpu-tune)")
 

@@ -29,7 +29,8 @@ def _full_parser() -> argparse.ArgumentParser:
     return parser([])   # no command named: every group is added
 
 
-SUBSYSTEMS = ("sysctl", "link", "ethtool", "qdisc", "gpu", "mps", "affinity", "triton", "persist")
+SUBSYSTEMS = ("sysctl", "link", "ethtool", "qdisc", "firewall", "rdma", "gpu", "mig", "mps", "affinity", "triton",
+              "persist")
 # options that take a file or a directory, by dest (the rest of the options take words)
 FILES = {"prometheus", "junit", "png", "out", "output", "inventory", "model_file", "before", "after",
          "snapshot", "snapshots", "file", "files", "path"}

@@ -171,6 +171,9 @@ class Interface:
     rings: Rings | None = None
     offloads: dict[str, bool] = field(default_factory=dict)
     qdisc: str | None = None
+    coalesce: dict = field(default_factory=dict)   # subsystems/ethtool.py COALESCE keys
+    pause: dict = field(default_factory=dict)      # {rx, tx, autoneg}: bools
+    speed_mbit: int | None = None                  # expected link speed: below it is drift
     optional: bool = False   # no interface matched: ok instead of error
     line: int = 0
 
@@ -209,7 +212,8 @@ def parse_network(n: Node) -> Network:
     m = n.mapping(("interfaces", "fabric_peers", "wan_peers", "wan_routes", "probe"))
     ifaces = []
     for item in (m["interfaces"].items() if "interfaces" in m else []):
-        f = item.mapping(("match", "mtu", "channels", "rings", "offloads", "qdisc", "optional"), required=("match",))
+        f = item.mapping(("match", "mtu", "channels", "rings", "offloads", "qdisc", "coalesce", "pause", "speed_mbit",
+                          "optional"), required=("match",))
         mm = f["match"].mapping(("name", "mac", "driver", "pci", "default_route"))
         if not mm:
             raise f["match"].error("expected at least one of name, mac, driver, pci, default_route")
@@ -238,6 +242,7 @@ def parse_network(n: Node) -> Network:
             mtu=f["mtu"].integer(68, 65535) if "mtu" in f else None,
             channels=ch, rings=rings, offloads=offloads,
             qdisc=f["qdisc"].choice(QDISCS) if "qdisc" in f else None,
+            **_nic_extras(f),
             optional=f["optional"].boolean() if "optional" in f else False,
             line=item.line,
         ))
@@ -279,6 +284,25 @@ def parse_network(n: Node) -> Network:
     return Network(ifaces, peers, wan, routes, **probe)
 
 
+COALESCE = {"rx_usecs": (0, 1 << 20), "tx_usecs": (0, 1 << 20), "rx_frames": (0, 1 << 16),
+            "tx_frames": (0, 1 << 16), "adaptive_rx": None, "adaptive_tx": None}
+# network.interfaces[].coalesce and .pause (applied by subsystems/ethtool.py)
+PAUSE = ("rx", "tx", "autoneg")
+
+
+def _nic_extras(f: dict) -> dict:
+    """coalesce, pause and speed_mbit of one network.interfaces[] entry (profile nodes)."""
+    out = {}
+    if "coalesce" in f:
+        out["coalesce"] = {k: (v.boolean() if COALESCE[k] is None else v.integer(*COALESCE[k]))
+                           for k, v in f["coalesce"].mapping(COALESCE).items()}
+    if "pause" in f:
+        out["pause"] = {k: v.boolean() for k, v in f["pause"].mapping(PAUSE).items()}
+    if "speed_mbit" in f:
+        out["speed_mbit"] = f["speed_mbit"].integer(10, 1_600_000)
+    return out
+
+
 # ---------------------------------------------------------------- sysctl section
 # dotted names: a lower-case top directory (net, vm, kernel, fs), then names such as an interface's
 SYSCTL_KEY_RE = r"[a-z][a-z0-9_]*(\.[A-Za-z0-9_-]+)+"
@@ -303,7 +327,7 @@ class SysctlSetting:
 AT_LEAST = {"net.core.rmem_max", "net.core.wmem_max", "net.core.rmem_default", "net.core.wmem_default",
             "net.core.netdev_max_backlog", "net.core.optmem_max", "net.core.somaxconn",
             "net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem", "net.ipv4.udp_rmem_min", "net.ipv4.udp_wmem_min",
-            "net.ipv4.tcp_max_syn_backlog", "net.core.netdev_budget"}
+            "net.ipv4.tcp_max_syn_backlog", "net.core.netdev_budget", "net.netfilter.nf_conntrack_max"}
 
 
 def _sysctl_value(n: Node) -> str:

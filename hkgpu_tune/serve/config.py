@@ -27,6 +27,7 @@ import shutil
 from dataclasses import dataclass, field, replace
 
 from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.serve.connections import OPTIONS as CONNECTION_OPTIONS, Connections, parse as parse_connections
 
 NAME_RE = r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}"
 USER_RE = r"[a-z_][a-z0-9_-]{0,31}"
@@ -36,7 +37,7 @@ PROFILE_OPTIONS = {"--model-repository": "model_repository", "--http-port": "htt
                    "--metrics-port": "metrics.port", "--http-address": "http.address",
                    "--grpc-address": "grpc.address", "--metrics-address": "metrics.address",
                    "--exit-timeout-secs": "gate.stop_timeout_s", "--model-control-mode": "models",
-                   "--load-model": "models"}
+                   "--load-model": "models", **{o: f"connections.{k}" for k, o in CONNECTION_OPTIONS.items()}}
 
 
 @dataclass(frozen=True)
@@ -160,6 +161,7 @@ class Triton:
     python_stub: str | None = None         # 3.11: which Python backend stub of the wheel (default: this Python)
     extra_args: tuple[str, ...] = ()
     gate: Gate = field(default_factory=Gate)
+    connections: Connections = field(default_factory=Connections)   # serve/connections.py
     profile_dir: str = "."
     line: int = 0
     mps: MpsDirs | None = None             # set by section() when the profile runs MPS
@@ -173,7 +175,8 @@ class Triton:
 
 # ---------------------------------------------------------------- profile section
 TOP_KEYS = ("server", "launch", "supervisor", "runtime", "image", "model_repository", "run_dir", "unit", "user",
-            "gpu", "http", "grpc", "metrics", "shm_size", "python_stub", "extra_args", "models", "gate")
+            "gpu", "http", "grpc", "metrics", "shm_size", "python_stub", "extra_args", "models", "gate",
+            "connections")
 MODEL_KEYS = ("name", "platform", "backend", "max_batch_size", "inputs", "outputs", "dynamic_batching",
               "instance_group", "model_warmup", "model_file", "build", "version", "config")
 # profile key -> ModelConfig field
@@ -475,6 +478,8 @@ def parse_profile(node) -> Triton:
     m = node.mapping(TOP_KEYS, required=("models",))
     base = os.path.dirname(os.path.abspath(node.file)) if node.file and not node.file.startswith("<") else os.getcwd()
     kw = {"profile_dir": base, "line": node.line}
+    if "connections" in m:
+        kw["connections"] = parse_connections(m["connections"])
     if "server" in m:
         s = m["server"].string(what="'pytriton' or the path of a tritonserver binary")
         kw["server"] = s if s == "pytriton" else _path(m["server"], base)

@@ -135,7 +135,8 @@ def server_args(t, repository: str | None = None) -> list[str]:
              f"--metrics-address={t.metrics.address}", f"--metrics-port={t.metrics.port}",
              "--allow-metrics=true", *METRICS_CONFIG, "--strict-readiness=true", "--exit-on-error=true",
              f"--exit-timeout-secs={int(t.gate.stop_timeout_s)}"]
-    return args + list(t.extra_args)
+    from hkgpu_tune.serve.connections import args as connection_args
+    return args + connection_args(t.connections) + list(t.extra_args)
 
 
 # ---------------------------------------------------------------- placement

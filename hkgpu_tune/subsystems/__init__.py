@@ -5,7 +5,8 @@ import importlib
 
 # subsystem -> the profile section it reads; each module defines a class `Plugin`
 SECTION = {"sysctl": "sysctl", "link": "network", "ethtool": "network", "qdisc": "network",
-           "gpu": "gpu", "mps": "mps", "affinity": "affinity", "triton": "triton"}
+           "firewall": "network", "rdma": "network",
+           "gpu": "gpu", "mig": "gpu", "mps": "mps", "affinity": "affinity", "triton": "triton"}
 ORDER = list(SECTION)
 
 

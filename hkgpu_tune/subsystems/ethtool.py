@@ -1,10 +1,24 @@
-"""NIC channels (RSS queues), ring sizes and offloads."""
+"""NIC channels (RSS queues), ring sizes, offloads, interrupt coalescing and pause frames; the
+link's speed against the speed the profile expects.
+
+    network:
+      interfaces:
+        - match: {driver: mlx5_core}
+          coalesce: {rx_usecs: 8, tx_usecs: 16, adaptive_rx: true}   # ethtool -C
+          pause: {rx: true, tx: true, autoneg: false}                 # ethtool -A
+          speed_mbit: 100000    # a link that trained slower is drift (a cable, optic or switch port)
+"""
 from __future__ import annotations
 
 from hkgpu_tune.core.errors import HkError, UnsupportedError
 from hkgpu_tune.core.report import DRIFT, ERROR, OK, UNSUPPORTED
 from hkgpu_tune.core.match import could_match, find, identity, matched, resolve
 from hkgpu_tune.subsystems.base import Subsystem
+
+
+# what each profile attribute needs read, by backend call
+PARTS = {"channels": "channels", "rings": "rings", "offloads": "features", "coalesce": "coalesce",
+         "pause": "pause", "speed_mbit": "link_info"}
 
 
 def _want(v, maximum):
@@ -14,26 +28,29 @@ def _want(v, maximum):
 class Plugin(Subsystem):
     name = "ethtool"
 
-    def read(self) -> dict:
-        st = {"links": self.b.net.links(could_match(self.profile.network.interfaces)), "dev": {}}
-        for ln in matched(self.profile, st["links"], ("channels", "rings", "offloads")):
+    def read(self, every: bool = False) -> dict:
+        ifaces = self.profile.network.interfaces
+        st = {"links": self.b.net.links(None if every else could_match(ifaces)), "dev": {}}
+        used = [a for a in PARTS if any(getattr(r, a) not in (None, {}) for r in ifaces)]
+        links = st["links"] if every else matched(self.profile, st["links"], used)
+        for ln in links:
             d = st["dev"][ln["name"]] = {}
-            for part, fn in (("channels", self.b.ethtool.channels), ("rings", self.b.ethtool.rings),
-                             ("features", self.b.ethtool.features)):
+            for part in dict.fromkeys(PARTS[a] for a in (PARTS if every else used)):
                 try:
-                    d[part] = fn(ln["name"])
+                    d[part] = getattr(self.b.ethtool, part)(ln["name"])
                 except HkError as e:
                     d[part] = e
         return st
 
     def facts(self) -> dict:
-        st = self.read()
+        st = self.read(every=True)
         return {n: {k: (str(v) if isinstance(v, Exception) else v) for k, v in d.items()}
                 for n, d in st["dev"].items()}
 
     def compare(self, state):
         res = []
-        for attr, fn in (("channels", self._channels), ("rings", self._rings), ("offloads", self._offloads)):
+        for attr, fn in (("channels", self._channels), ("rings", self._rings), ("offloads", self._offloads),
+                         ("coalesce", self._coalesce), ("pause", self._pause), ("speed_mbit", self._speed)):
             pairs, missing = resolve(self, state["links"], attr)
             res += missing
             for rule, ln in pairs:
@@ -131,6 +148,45 @@ class Plugin(Subsystem):
                                        data={"part": "offloads", "field": k, "orig": dict(each)}))
         return res
 
+    def _simple(self, part, rule, name, dev):
+        """coalesce and pause: each key read, compared and written on its own."""
+        have = dev.get(part)
+        want = getattr(rule, part)
+        if isinstance(have, Exception):
+            return [self._err(name, f"{part} {k}", v, have) for k, v in want.items()]
+        res = []
+        for k, v in want.items():
+            key = f"{part} {k}"
+            if have.get(k) is None:
+                res.append(self.result(name, key, None, v, UNSUPPORTED, f"the driver reports no {k}"))
+            elif have[k] == v:
+                res.append(self.result(name, key, have[k], v, OK))
+            else:
+                res.append(self.result(name, key, have[k], v, DRIFT, "differs", write=v,
+                                       data={"part": part, "field": k}))
+        return res
+
+    def _coalesce(self, rule, name, dev):
+        return self._simple("coalesce", rule, name, dev)
+
+    def _pause(self, rule, name, dev):
+        return self._simple("pause", rule, name, dev)
+
+    def _speed(self, rule, name, dev):
+        info = dev.get("link_info")
+        want = rule.speed_mbit
+        if isinstance(info, Exception):
+            return [self._err(name, "speed_mbit", want, info)]
+        cur = info.get("speed_mbit")
+        if cur is None:
+            return [self.result(name, "speed_mbit", None, want, DRIFT,
+                                "no link speed: the link is down or the driver reports none")]
+        if cur < want:
+            return [self.result(name, "speed_mbit", cur, want, DRIFT,
+                                f"link at {cur} Mb/s, below the expected {want}: check the cable or optic, the "
+                                "switch port and autonegotiation (not fixable by this tool)")]
+        return [self.result(name, "speed_mbit", cur, want, OK, f"{info.get('duplex') or ''} duplex".strip())]
+
     def write(self, target, key, value, data):
         find(self.b.net, data, key)   # the same device, or TargetGone: nothing is touched
         part, field = data["part"], data["field"]
@@ -140,6 +196,9 @@ class Plugin(Subsystem):
         elif part == "rings":
             self.b.ethtool.set_rings(target, {field: value})
             got = self.b.ethtool.rings(target)[field]
+        elif part in ("coalesce", "pause"):
+            getattr(self.b.ethtool, f"set_{part}")(target, {field: value})
+            got = getattr(self.b.ethtool, part)(target).get(field)
         else:
             return self._set_offload(target, key, field, value)
         if got != value:

@@ -9,11 +9,13 @@ Profile section:
       application_clocks: {sm: 1980, mem: 2619}   # MHz, optional
       power_limit_w: 700     # optional
       pcie_check: true       # a link that trained below its maximum is drift
+      mig: [...]             # MIG layouts in nvidia-mig-parted's form: subsystems/mig.py
 
 All GPUs are read in one process with one nvmlInit; verify asks NVML only for the fields it compares.
 """
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 
@@ -40,6 +42,7 @@ class GpuProfile:
     application_clocks: AppClocks | None = None
     power_limit_w: int | None = None
     pcie_check: bool = True
+    mig: tuple | None = None              # MigEntry, one per device group
 
 
 def parse_gpus(n) -> tuple[int, ...] | None:
@@ -57,7 +60,7 @@ def parse_gpus(n) -> tuple[int, ...] | None:
 
 
 def parse_profile(n) -> GpuProfile:
-    m = n.mapping(("gpus", "persistence", "compute_mode", "application_clocks", "power_limit_w", "pcie_check"))
+    m = n.mapping(("gpus", "persistence", "compute_mode", "application_clocks", "power_limit_w", "pcie_check", "mig"))
     clocks = None
     if "application_clocks" in m:
         c = m["application_clocks"].mapping(("sm", "mem"), required=("sm", "mem"))
@@ -69,7 +72,58 @@ def parse_profile(n) -> GpuProfile:
         application_clocks=clocks,
         power_limit_w=m["power_limit_w"].integer(50, 2000) if "power_limit_w" in m else None,
         pcie_check=m["pcie_check"].boolean() if "pcie_check" in m else True,
+        mig=parse_mig(m["mig"]) if "mig" in m else None,
     )
+
+
+# ---------------------------------------------------------------- gpu.mig (subsystems/mig.py applies it)
+PROFILE_NAME = r"[1-8]g\.[0-9]{1,4}gb(\+[a-z]{1,8})*"
+
+
+@dataclass(frozen=True)
+class MigEntry:
+    devices: tuple[int, ...] | None     # None: all
+    enabled: bool
+    layout: tuple[tuple[str, int], ...] = ()
+    line: int = 0
+
+    def counts(self) -> dict[str, int]:
+        return dict(sorted(self.layout))
+
+
+def parse_mig(n) -> tuple[MigEntry, ...]:
+    out, seen, every = [], {}, None
+    for item in n.items():
+        m = item.mapping(("devices", "mig-enabled", "mig-devices"), required=("devices", "mig-enabled"))
+        devs = parse_gpus(m["devices"])
+        on = m["mig-enabled"].boolean()
+        layout = []
+        if "mig-devices" in m:
+            if not on:
+                raise m["mig-devices"].error("mig-devices needs mig-enabled: true")
+            for name, cnt in m["mig-devices"].mapping().items():
+                if name.startswith(("1c.", "2c.", "3c.", "4c.", "7c.")):
+                    raise cnt.error("compute-instance profiles are not supported: each GPU instance gets "
+                                    "one compute instance spanning it")
+                if not re.fullmatch(PROFILE_NAME, name):
+                    raise cnt.error(f"expected a MIG profile name such as 1g.10gb or 1g.10gb+me, got {name!r}")
+                layout.append((name, cnt.integer(1, 8)))
+        if devs is None:
+            if every is not None or seen:
+                raise item.error("devices: all overlaps another entry")
+            every = item.line
+        else:
+            if every is not None:
+                raise item.error(f"devices overlap the entry with devices: all (line {every})")
+            for d in devs:
+                if d in seen:
+                    raise m["devices"].error(f"GPU {d} is already in the entry at line {seen[d]}")
+                seen[d] = item.line
+        out.append(MigEntry(devs, on, tuple(layout), item.line))
+    if not out:
+        raise n.error("expected at least one entry {devices, mig-enabled, mig-devices}")
+    return tuple(out)
+
 
 
 def select(nvml, wanted: tuple[int, ...] | None) -> tuple[list[int], list[int]]:

@@ -188,6 +188,15 @@ def _ethtool(part: str) -> Callable[[Change], None]:
         field = c.data.get("field")
         if part == "channels":
             one_of(field, "data.field", _CHANNELS)
+        elif part in ("coalesce", "pause"):
+            from hkgpu_tune.core.profile import COALESCE, PAUSE
+            one_of(field, "data.field", tuple(COALESCE if part == "coalesce" else PAUSE))
+            for k, v in (("original", c.current), ("desired", c.desired)):
+                if field.startswith("adaptive") or part == "pause":
+                    boolean(v, k)
+                else:
+                    integer(v, k, 0, 1 << 20)
+            return
         else:
             text(field, "data.field", maxlen=64)
             if not re.fullmatch(r"[a-z0-9_-]{1,64}", field):
@@ -258,6 +267,27 @@ def _gpu(c: Change) -> None:
                     integer(v.get(f), f"{k}.{f}", 0, 100000, none=True)
         else:
             number(v, k, 0, 100000, none=True)
+
+
+_MIG_NAME = re.compile(r"[1-8]g\.[0-9]{1,4}gb(\+[a-z]{1,8})*")
+
+
+def _mig(c: Change) -> None:
+    if not re.fullmatch(r"gpu[0-9]{1,4}", c.target):
+        _fail(f"target: {c.target!r} is not gpuN")
+    one_of(c.key, "key", ("mig_mode", "mig_devices"))
+    integer(c.data.get("index"), "data.index", 0, 1023)
+    text(c.data.get("uuid"), "data.uuid", maxlen=96, none=True)
+    for k, v in (("original", c.current), ("desired", c.desired)):
+        if c.key == "mig_mode":
+            boolean(v, k)
+        elif not isinstance(v, dict) or len(v) > 16:
+            _fail(f"{k}: expected {{profile name: count}}")
+        else:
+            for name, n in v.items():
+                if not _MIG_NAME.fullmatch(name):
+                    _fail(f"{k}: {name!r} is not a MIG profile name")
+                integer(n, f"{k}.{name}", 1, 8)
 
 
 def _mps(c: Change) -> None:
@@ -408,8 +438,11 @@ REGISTRY = {t.name: t for t in (
     SettingType("ethtool.channels", "ethtool", _ethtool("channels")),
     SettingType("ethtool.rings", "ethtool", _ethtool("rings")),
     SettingType("ethtool.offload", "ethtool", _ethtool("offloads")),
+    SettingType("ethtool.coalesce", "ethtool", _ethtool("coalesce")),
+    SettingType("ethtool.pause", "ethtool", _ethtool("pause")),
     SettingType("qdisc.queue", "qdisc", _qdisc),
     SettingType("gpu.attr", "gpu", _gpu),
+    SettingType("mig.layout", "mig", _mig),
     SettingType("mps.param", "mps", _mps),
     SettingType("affinity.irq", "affinity", _affinity),
     SettingType("triton.service", "triton", _triton),
@@ -425,10 +458,11 @@ def type_of(c: Change) -> str:
         return "link.route" if str(c.target).startswith("route ") else "link.mtu"
     if s == "ethtool":
         part = c.data.get("part") if isinstance(c.data, dict) else None
-        t = {"channels": "ethtool.channels", "rings": "ethtool.rings", "offloads": "ethtool.offload"}.get(part)
+        t = {"channels": "ethtool.channels", "rings": "ethtool.rings", "offloads": "ethtool.offload",
+             "coalesce": "ethtool.coalesce", "pause": "ethtool.pause"}.get(part)
         if t:
             return t
-        _fail(f"data.part: {part!r} is not channels, rings or offloads")
+        _fail(f"data.part: {part!r} is not channels, rings, offloads, coalesce or pause")
     for t in REGISTRY.values():
         if t.subsystem == s:
             return t.name

@@ -21,7 +21,8 @@ def test_sections_merge_into_the_node_profile_and_keep_the_others(tmp_path):
     doc = yaml.safe_load(text)
     assert doc["sysctl"] == {"net.ipv4.tcp_mtu_probing": 1} and doc["network"] == net["network"]
     assert prof.network.interfaces[0].mtu == 9000 and [s.key for s in prof.sysctl] == ["net.ipv4.tcp_mtu_probing"]
-    assert set(only) == {"link", "ethtool", "qdisc"}       # the subsystems of the passed section only
+    # the subsystems of the passed section only (firewall and rdma: its read-only facts)
+    assert set(only) == {"link", "ethtool", "qdisc", "firewall", "rdma"}
 
 
 def test_an_empty_section_removes_it(tmp_path):

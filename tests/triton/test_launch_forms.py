@@ -43,6 +43,10 @@ def test_container_command_is_exactly_this(tmp_path):
         "--allow-metrics=true", "--metrics-config=summary_latencies=true",
         "--metrics-config=summary_quantiles=0.5:0.05,0.95:0.01,0.99:0.001",
         "--strict-readiness=true", "--exit-on-error=true", "--exit-timeout-secs=30",
+        # triton.connections' defaults: long-lived client connections
+        "--grpc-keepalive-time=60000", "--grpc-keepalive-timeout=20000", "--grpc-keepalive-permit-without-calls=1",
+        "--grpc-http2-max-pings-without-data=0", "--grpc-http2-min-recv-ping-interval-without-data=10000",
+        "--grpc-http2-max-ping-strikes=2",
     ]
     # the CLI prints the same argv
     f = tmp_path / "c.yaml"

@@ -119,6 +119,28 @@ class FakeEthtool:
         for k, v in values.items():
             self.devs[name]["channels"][f"{k}_count"] = v
 
+    # coalesce / pause / link_info: a device without the part answers as veth does (unsupported)
+    def _extra(self, name, part):
+        if part not in self.devs[name]:
+            raise UnsupportedError(f"{name}: {part}: not supported by the driver")
+        return self._get(name, part)
+
+    def coalesce(self, name):
+        return self._extra(name, "coalesce")
+
+    def pause(self, name):
+        return self._extra(name, "pause")
+
+    def link_info(self, name):
+        return self._extra(name, "link_info")
+
+    def set_coalesce(self, name, values):
+        ignored = self.devs[name].get("ignores", ())     # a driver that accepts and keeps its own value
+        self.devs[name]["coalesce"].update({k: v for k, v in values.items() if k not in ignored})
+
+    def set_pause(self, name, values):
+        self.devs[name]["pause"].update(values)
+
     def set_rings(self, name, values):
         self.devs[name]["rings"].update(values)
 
@@ -187,6 +209,9 @@ class FakeCmd:
     def __init__(self, answers=None):
         self.answers = answers or {}
         self.calls = []
+
+    def which(self, prog):     # no program installed but what `run` stands in for
+        return None
 
     def run(self, argv, timeout=30, env=None):
         from hkgpu_tune.backends.command import Completed
