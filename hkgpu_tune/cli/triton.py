@@ -43,6 +43,7 @@ def add_parser(sub) -> None:
             q.add_argument("--p99-ms", type=float, help="override the profile's SLO")
             q.add_argument("--requests", type=int, help="override the number of load requests")
             q.add_argument("--concurrency", type=int, help="override the load concurrency")
+            q.add_argument("--processes", type=int, help="override the load generator's processes (gate.load.processes)")
         q.set_defaults(run=fn)
     q = tsub.add_parser("sweep", help="find the config with the most throughput under the p99 SLO "
                                       "(a server of its own; the running service is untouched)")
@@ -215,10 +216,11 @@ def run_start(ctx: Context) -> int:
         lines = [f"{st['target']}: ready in {doc['ready_s']} s" + (" (already running)" if was["active"] else "")]
         code = EXIT_OK
         if not a.no_gate:
-            rep = gate.run_gate(t, p99_ms=a.p99_ms, requests=a.requests, concurrency=a.concurrency)
+            rep = gate.run_gate(t, p99_ms=a.p99_ms, requests=a.requests, concurrency=a.concurrency,
+                                processes=a.processes)
             doc["gate"] = rep.to_dict()
-            lines.append(("gate passed: " if rep.passed else "gate FAILED: ") + rep.message)
-            code = EXIT_OK if rep.passed else EXIT_ERROR
+            lines.append(_verdict(rep))
+            code = EXIT_ERROR if rep.verdict == "failed" else EXIT_OK
     finally:
         b.close()
     _out(ctx, doc, "\n".join(lines))
@@ -229,9 +231,16 @@ def run_gate(ctx: Context) -> int:
     from ..triton import gate
     a = ctx.args
     t = _section(ctx)
-    rep = gate.run_gate(t, p99_ms=a.p99_ms, requests=a.requests, concurrency=a.concurrency)
-    _out(ctx, rep.to_dict(), ("gate passed: " if rep.passed else "gate FAILED: ") + rep.message)
-    return EXIT_OK if rep.passed else EXIT_ERROR
+    rep = gate.run_gate(t, p99_ms=a.p99_ms, requests=a.requests, concurrency=a.concurrency,
+                        processes=a.processes)
+    _out(ctx, rep.to_dict(), _verdict(rep))
+    return EXIT_ERROR if rep.verdict == "failed" else EXIT_OK
+
+
+def _verdict(rep) -> str:
+    """The gate's line: passed, FAILED, or client-bound (the load generator, not the server, missed)."""
+    return {"passed": "gate passed: ", "failed": "gate FAILED: ", "client-bound": "gate client-bound: "}[
+        rep.verdict] + rep.message
 
 
 def run_sweep(ctx: Context) -> int:

@@ -4,8 +4,9 @@ binary tensors over HTTP (KServe v2 binary extension) or with the input in syste
 
 Closed loop (`concurrency` requests always in flight) or open loop (`rate` requests per second,
 latency counted from the scheduled send time, so a server that falls behind shows it).
-Reports client-side p50/p95/p99, the client's own CPU use, and Triton's queue and compute time
-per request from /metrics over the same window.
+Reports client-side p50/p95/p99, the client's own CPU use and event-loop lag (from which
+`client_bound` says whether the client, not the server, set the figures), and Triton's queue and
+compute time per request from /metrics over the same window. Every output is asked for in binary.
 
 >>> r = run(LoadSpec("127.0.0.1", 8000, "resnet50", "INPUT", "FP16", [1, 3, 224, 224],
 ...                  concurrency=64, processes=4, duration_s=10))          # doctest: +SKIP
@@ -24,8 +25,12 @@ import uuid
 from dataclasses import asdict, dataclass, field
 
 from ..errors import HkError
-from .gate import percentile   # nearest rank: the value at least q% of requests did not exceed
 
+LAG_TICK_S = 0.005        # the event-loop lag probe's sleep
+# the client, not the server, set the figures when one of its processes was this busy ...
+BUSY_PROCESS = 0.9
+# ... or its event loops woke this late on average (ms), and that is a quarter or more of the p50
+LATE_LOOP_MS = 2.0
 SIZES = {"FP16": 2, "FP32": 4, "FP64": 8, "INT8": 1, "UINT8": 1, "INT16": 2, "INT32": 4, "INT64": 8,
          "BF16": 2, "BOOL": 1}
 
@@ -49,19 +54,37 @@ class LoadSpec:
     timeout_s: float = 30.0
     metrics_port: int | None = None   # Triton's /metrics, for queue and compute times
     labels: dict = field(default_factory=dict)
+    requests: int | None = None       # closed loop, this many requests in all (every one counted, no warm-up)
+    request: list | None = None       # the inputs as client.request_for gives them (instead of the one input)
 
     @property
     def nbytes(self) -> int:
+        if self.request:
+            return sum(len(raw) for *_, raw in self.request)
         return math.prod(self.shape) * SIZES[self.datatype]
 
 
+def percentile(values, q: float) -> float:
+    """Nearest-rank percentile (q in 0..100): the value at least q% of samples do not exceed."""
+    if not values:
+        return 0.0
+    s = sorted(values)
+    k = max(1, -(-len(s) * q // 100))  # ceil(n*q/100)
+    return s[int(k) - 1]
+
+
 def _infer_header(spec: LoadSpec, region: str | None) -> bytes:
+    if spec.request:
+        from . import client
+        return client.infer_header(spec.request, [spec.output_name] if spec.output_name else ())
     params = ({"shared_memory_region": region, "shared_memory_byte_size": spec.nbytes} if region
               else {"binary_data_size": spec.nbytes})
     doc = {"inputs": [{"name": spec.input_name, "shape": spec.shape, "datatype": spec.datatype,
                        "parameters": params}]}
     if spec.output_name:
         doc["outputs"] = [{"name": spec.output_name, "parameters": {"binary_data": True}}]
+    else:   # every output in binary: Triton refuses FP16 and BF16 outputs in JSON
+        doc["parameters"] = {"binary_data_output": True}
     return json.dumps(doc, separators=(",", ":")).encode()
 
 
@@ -74,11 +97,19 @@ async def _session(spec: LoadSpec, idx: int, start_at: float, region: str | None
     else:
         url = f"http://{spec.host}:{spec.port}/v2/models/{spec.model}/infer"
         head = _infer_header(spec, region)
-        body = head + (b"" if region else bytes(spec.nbytes))
+        raw = b"".join(r for *_, r in spec.request) if spec.request else bytes(spec.nbytes)
+        body = head + (b"" if region else raw)
         headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(head))}
     conc = max(1, round(spec.concurrency * share)) if spec.rate is None else max(1, spec.concurrency)
     win0 = start_at + spec.warmup_s
     win1 = win0 + spec.duration_s
+    left = [0]
+    if spec.requests:   # this process's share of the requests, all of them counted
+        left[0] = spec.requests // spec.processes + (idx < spec.requests % spec.processes)
+        conc = max(1, min(conc, left[0]))
+        win0, win1 = start_at, math.inf
+    lags = array.array("d")
+    span = [math.inf, 0.0]
     lat = array.array("d")
     errors = [0]
     first_error = [""]
@@ -89,7 +120,8 @@ async def _session(spec: LoadSpec, idx: int, start_at: float, region: str | None
     clock = time.time   # the processes share one start time: wall clock, not monotonic
 
     async def one(session, t_sched: float):
-        sent[0] += 1
+        if win0 <= clock() <= win1:
+            sent[0] += 1   # sent inside the window: the rate offered
         try:
             async with session.post(url, data=body, headers=headers) as resp:
                 await resp.read()
@@ -101,16 +133,32 @@ async def _session(spec: LoadSpec, idx: int, start_at: float, region: str | None
             if not first_error[0]:
                 first_error[0] = f"{type(e).__name__}: {e}"[:200]
         done = clock()
+        span[0], span[1] = min(span[0], t_sched), max(span[1], done)
         if win0 <= done <= win1:
             if ok:
                 lat.append((done - t_sched) * 1000)
             else:
                 errors[0] += 1
 
+    async def ticker():
+        """How late this process's event loop wakes up: a client that cannot keep up shows it here."""
+        while True:
+            t0 = time.perf_counter()
+            await asyncio.sleep(LAG_TICK_S)
+            if win0 <= clock() <= win1:
+                lags.append(max(0.0, time.perf_counter() - t0 - LAG_TICK_S) * 1000)
+
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
         await asyncio.sleep(max(0.0, start_at - clock()))
-        cpu0 = time.process_time()
-        if spec.rate is None:
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        tick = loop.create_task(ticker())
+        if spec.requests:
+            async def count_one():
+                while left[0] > 0:
+                    left[0] -= 1
+                    await one(session, clock())
+            await asyncio.gather(*(count_one() for _ in range(conc)))
+        elif spec.rate is None:
             async def loop_one():
                 while clock() < win1:
                     await one(session, clock())
@@ -134,9 +182,10 @@ async def _session(spec: LoadSpec, idx: int, start_at: float, region: str | None
                 t_next += interval
             if pending:
                 await asyncio.wait(pending, timeout=spec.timeout_s)
-        cpu = time.process_time() - cpu0
+        cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
+        tick.cancel()
     return {"lat": lat.tobytes(), "errors": errors[0], "first_error": first_error[0], "sent": sent[0],
-            "cpu_s": cpu}
+            "cpu_s": cpu, "wall_s": wall, "lag": lags.tobytes(), "span": span}
 
 
 def _worker(spec_d: dict, idx: int, start_at: float, region: str | None, q) -> None:
@@ -224,12 +273,16 @@ def run(spec: LoadSpec) -> dict:
     try:
         for p in procs:
             p.start()
-        time.sleep(max(0.0, start_at + spec.warmup_s - time.time()))
-        before = _triton_stats(spec)
-        psutil.cpu_percent(None)
-        time.sleep(max(0.0, start_at + spec.warmup_s + spec.duration_s - time.time()))
-        machine_cpu = psutil.cpu_percent(None)
-        after = _triton_stats(spec)
+        if spec.requests:   # every request counted: Triton's figures from before the first
+            before = _triton_stats(spec)
+            psutil.cpu_percent(None)
+        else:
+            time.sleep(max(0.0, start_at + spec.warmup_s - time.time()))
+            before = _triton_stats(spec)
+            psutil.cpu_percent(None)
+            time.sleep(max(0.0, start_at + spec.warmup_s + spec.duration_s - time.time()))
+            machine_cpu = psutil.cpu_percent(None)
+            after = _triton_stats(spec)
         parts = {}
         deadline = time.time() + spec.timeout_s + 30
         while len(parts) < len(procs):
@@ -243,6 +296,9 @@ def run(spec: LoadSpec) -> dict:
             parts[idx] = res
         for p in procs:
             p.join(5)
+        if spec.requests:
+            machine_cpu = psutil.cpu_percent(None)
+            after = _triton_stats(spec)
     finally:
         for p in procs:
             if p.is_alive():
@@ -259,20 +315,35 @@ def run(spec: LoadSpec) -> dict:
     errors = sum(r["errors"] for r in parts.values())
     cpu_s = sum(r["cpu_s"] for r in parts.values())
     wall = spec.duration_s + spec.warmup_s
+    lags = array.array("d")
+    for r in parts.values():
+        lags.frombytes(r["lag"])
+    duration = spec.duration_s
+    if spec.requests:   # the span from the first send to the last answer
+        first = min(r["span"][0] for r in parts.values())
+        last = max(r["span"][1] for r in parts.values())
+        duration = wall = max(1e-6, last - first)
     out = {
         "model": spec.model, "transport": "raw-http" if spec.raw_path else ("http+shm" if spec.shm else "http-binary"),
         "mode": "open" if spec.rate else "closed", "rate": spec.rate, "concurrency": spec.concurrency,
         "processes": spec.processes, "duration_s": spec.duration_s, "requests": len(vals), "errors": errors,
         "first_error": next((r["first_error"] for r in parts.values() if r["first_error"]), ""),
-        "img_s": round(len(vals) * spec.shape[0] / spec.duration_s, 1),
-        "p50_ms": round(percentile(vals, 50), 3), "p95_ms": round(percentile(vals, 95), 3),
+        "img_s": round(len(vals) * (spec.request[0][2][0] if spec.request else spec.shape[0]) / duration, 1),
+        "req_s": round(len(vals) / duration, 1), "seconds": round(duration, 3),
+        "offered_rate": round(sum(r["sent"] for r in parts.values()) / duration, 1),
+        "p50_ms": round(percentile(vals, 50), 3), "p90_ms": round(percentile(vals, 90), 3), "p95_ms": round(percentile(vals, 95), 3),
         "p99_ms": round(percentile(vals, 99), 3), "max_ms": round(vals[-1], 3) if vals else 0.0,
         "client_cpu_cores": round(cpu_s / wall, 2), "machine_cpu_pct": machine_cpu,
+        # the busiest worker process: the share of one core it used
+        "client_busiest_process": round(max(r["cpu_s"] / max(r["wall_s"], 1e-6) for r in parts.values()), 2),
+        "client_loop_lag_ms": round(sum(lags) / len(lags), 3) if lags else 0.0,
+        "client_loop_lag_p99_ms": round(percentile(sorted(lags), 99), 3),
         "cpus": os.cpu_count(),
         # the measured window (epoch seconds): samples taken alongside (GPU, CPU) are averaged over it
         "window": [round(start_at + spec.warmup_s, 3), round(start_at + spec.warmup_s + spec.duration_s, 3)],
         **spec.labels,
     }
+    out["client_bound"] = client_bound(out)
     if before and after:
         d = {k: after[k] - before[k] for k in before if k != "gpu_util"}
         n = d["nv_inference_request_success"] or 1
@@ -290,9 +361,25 @@ def run(spec: LoadSpec) -> dict:
     return out
 
 
+def client_bound(r: dict) -> str:
+    """Why the client, not the server, set these figures ("" when it did not): a worker process
+    near a full core, event loops waking late by a large share of the latency, or (open loop)
+    fewer requests sent than the rate asked for."""
+    why = []
+    if r["client_busiest_process"] >= BUSY_PROCESS:
+        why.append(f"a client process used {r['client_busiest_process']:.0%} of a core")
+    if r["client_loop_lag_ms"] >= max(LATE_LOOP_MS, 0.25 * r["p50_ms"]):
+        why.append(f"its event loops woke {r['client_loop_lag_ms']:.1f} ms late on average "
+                   f"(p50 {r['p50_ms']:.1f} ms)")
+    if r.get("rate") and r.get("offered_rate") is not None and r["offered_rate"] < 0.95 * r["rate"]:
+        why.append(f"it sent {r['offered_rate']:.0f} requests/s of the {r['rate']:.0f} asked")
+    return "; ".join(why)
+
+
 def line(r: dict) -> str:
     s = (f"{r['img_s']:.0f} img/s, p50 {r['p50_ms']:.2f} ms, p95 {r['p95_ms']:.2f} ms, p99 {r['p99_ms']:.2f} ms, "
-         f"{r['errors']} errors, client CPU {r['client_cpu_cores']:.1f} cores")
+         f"{r['errors']} errors, client {r['processes']} processes, CPU {r['client_cpu_cores']:.1f} cores, "
+         f"loop lag {r.get('client_loop_lag_ms', 0):.2f} ms")
     if "server" in r:
         sv = r["server"]
         s += (f"; server: batch {sv['avg_batch']}, queue {sv['queue_us'] / 1000:.2f} ms, "
