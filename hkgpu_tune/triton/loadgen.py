@@ -29,7 +29,8 @@ from ..errors import HkError
 LAG_TICK_S = 0.005        # the event-loop lag probe's sleep
 # the client, not the server, set the figures when one of its processes was this busy ...
 BUSY_PROCESS = 0.9
-# ... or its event loops woke this late on average (ms), and that is a quarter or more of the p50
+# ... or its event loops woke this late on average (ms) while the client's p50 was twice Triton's own
+# time per request or more (without Triton's figures: the lag a quarter of the p50 or more)
 LATE_LOOP_MS = 2.0
 SIZES = {"FP16": 2, "FP32": 4, "FP64": 8, "INT8": 1, "UINT8": 1, "INT16": 2, "INT32": 4, "INT64": 8,
          "BF16": 2, "BOOL": 1}
@@ -343,7 +344,6 @@ def run(spec: LoadSpec) -> dict:
         "window": [round(start_at + spec.warmup_s, 3), round(start_at + spec.warmup_s + spec.duration_s, 3)],
         **spec.labels,
     }
-    out["client_bound"] = client_bound(out)
     if before and after:
         d = {k: after[k] - before[k] for k in before if k != "gpu_util"}
         n = d["nv_inference_request_success"] or 1
@@ -358,19 +358,22 @@ def run(spec: LoadSpec) -> dict:
             "request_us": round(d["nv_inference_request_duration_us"] / n, 1),
             "gpu_util_pct": after["gpu_util"],
         }
+    out["client_bound"] = client_bound(out)
     return out
 
 
 def client_bound(r: dict) -> str:
     """Why the client, not the server, set these figures ("" when it did not): a worker process
-    near a full core, event loops waking late by a large share of the latency, or (open loop)
-    fewer requests sent than the rate asked for."""
+    near a full core, event loops waking late while most of the latency was spent outside Triton,
+    or (open loop) fewer requests sent than the rate asked for."""
     why = []
     if r["client_busiest_process"] >= BUSY_PROCESS:
         why.append(f"a client process used {r['client_busiest_process']:.0%} of a core")
-    if r["client_loop_lag_ms"] >= max(LATE_LOOP_MS, 0.25 * r["p50_ms"]):
-        why.append(f"its event loops woke {r['client_loop_lag_ms']:.1f} ms late on average "
-                   f"(p50 {r['p50_ms']:.1f} ms)")
+    lag, p50 = r["client_loop_lag_ms"], r["p50_ms"]
+    server_ms = r["server"]["request_us"] / 1000 if r.get("server") else None
+    if lag >= LATE_LOOP_MS and (p50 >= 2 * server_ms if server_ms is not None else lag >= 0.25 * p50):
+        own = f", Triton's own {server_ms:.1f} ms per request" if server_ms is not None else ""
+        why.append(f"its event loops woke {lag:.1f} ms late on average (p50 {p50:.1f} ms{own})")
     if r.get("rate") and r.get("offered_rate") is not None and r["offered_rate"] < 0.95 * r["rate"]:
         why.append(f"it sent {r['offered_rate']:.0f} requests/s of the {r['rate']:.0f} asked")
     return "; ".join(why)
