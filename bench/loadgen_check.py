@@ -26,7 +26,7 @@ from hkgpu_tune.triton import client, gate, loadgen, plain  # noqa: E402
 
 def check(t, model, conc: int, seconds: float, processes: int | None, plain_processes: int | None) -> dict:
     req = client.request_for(model)
-    n = gate.processes_for(conc, processes)
+    n = loadgen.processes_for(conc, processes)
     name, dt, shape, _ = req[0]
     lg = loadgen.run(loadgen.LoadSpec(t.http.host, t.http.port, model.name, name, dt, shape, concurrency=conc,
                                       processes=n, duration_s=seconds, warmup_s=1.0, request=req,

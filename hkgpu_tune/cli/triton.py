@@ -63,8 +63,11 @@ def add_parser(sub) -> None:
     q.add_argument("--duration-s", type=float, default=5, help="seconds of load per level")
     q.add_argument("--confirm-s", type=float, help="one longer load that confirms the best level "
                    "(default: 3 x --duration-s; 0: none)")
-    q.add_argument("--processes", type=int, default=2, help="load generator processes")
-    q.add_argument("--shm", action="store_true", help="inputs in system shared memory (not over the socket)")
+    q.add_argument("--processes", type=int, help="load generator processes (default: one per 4 in flight, "
+                   "at most one per CPU)")
+    q.add_argument("--shm", action="store_true", help="inputs in system shared memory (default: over the socket)")
+    q.add_argument("--check-s", type=float, help="a load of the plain client at the best config, to check the "
+                   "load generator against (default: --duration-s; 0: none)")
     q.add_argument("--png", help="write the chart (throughput against p99) here")
     q.add_argument("--write", action="store_true", help="put the best config into the profile file")
     q.set_defaults(run=run_sweep)
@@ -269,7 +272,7 @@ def run_sweep(ctx: Context) -> int:
         ctx.header()
     say = (lambda m: None) if ctx.json else (lambda m: print(m, flush=True))
     rep = sweep.run(t, name, grid, slo, a.budget_s, duration_s=a.duration_s, processes=a.processes, shm=a.shm,
-                    log=say, confirm_s=a.confirm_s)
+                    log=say, confirm_s=a.confirm_s, check_s=a.check_s)
     doc = rep.to_dict()
     if a.png and rep.points:
         doc["png"] = sweep.chart(rep, a.png)
@@ -284,7 +287,12 @@ def run_sweep(ctx: Context) -> int:
         lines.append(f"chart: {doc['png']}")
     if rep.best:
         b = rep.best.best
-        lines.append(f"best: {rep.best.label}: {b['img_s']:.0f} img/s, p99 {b['p99_ms']:.2f} ms <= {slo:g} ms")
+        lines.append(f"best: {rep.best.label}: {b['img_s']:.0f} img/s, p99 {b['p99_ms']:.2f} ms <= {slo:g} ms "
+                     f"({rep.transport})")
+    if rep.check:
+        c = rep.check
+        lines.append(f"check against the plain client at {c['concurrency']} in flight: img/s ratio "
+                     f"{c['img_s_ratio']}, p99 ratio {c['p99_ratio']}")
     if doc.get("written"):
         lines.append(f"wrote the best config into {doc['written']}")
     _out(ctx, doc, "\n".join(lines), header=False)

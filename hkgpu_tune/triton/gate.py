@@ -11,16 +11,12 @@ the server, set the figures (a worker process on a full core, its event loops la
 """
 from __future__ import annotations
 
-import math
-import os
 import time
 from dataclasses import asdict, dataclass, field
 
 from hkgpu_tune.errors import ApplyError, HkError
 from hkgpu_tune.triton import client, loadgen
 from hkgpu_tune.triton.loadgen import percentile  # noqa: F401  (the gate's nearest-rank percentile)
-
-PER_PROCESS = 4   # requests in flight per load-generator process (asyncio + aiohttp, keep-alive)
 
 
 class GateFailed(ApplyError):
@@ -73,15 +69,6 @@ class GateReport:
                 "warmup_s": round(self.warmup_s, 3), "loads": [asdict(x) for x in self.loads]}
 
 
-def processes_for(concurrency: int, processes: int | None = None) -> int:
-    """The load generator's processes: the profile's, or one per PER_PROCESS in flight, at most one
-    per CPU. Many processes, not one busy one: a process waiting on the server costs nothing, and the
-    scheduler shares the CPUs by thread with the server's threads."""
-    if processes:
-        return max(1, min(processes, concurrency))
-    return max(1, min(math.ceil(concurrency / PER_PROCESS), os.cpu_count() or 1))
-
-
 def warm_up(t, model, n: int) -> float:
     """n sequential requests (after the server's own model_warmup); returns the seconds taken."""
     c = client.Client(t.http.host, t.http.port, timeout=t.gate.ready_timeout_s)
@@ -98,7 +85,7 @@ def warm_up(t, model, n: int) -> float:
 def load(t, model, requests: int, concurrency: int, timeout: float = 60.0, processes: int | None = None) -> LoadResult:
     """`requests` inference requests, `concurrency` in flight, from the load generator's processes."""
     req = client.request_for(model)
-    n = processes_for(concurrency, processes)
+    n = loadgen.processes_for(concurrency, processes)
     name, dt, shape, _ = req[0]
     spec = loadgen.LoadSpec(t.http.host, t.http.port, model.name, name, dt, shape, concurrency=concurrency,
                             processes=n, requests=requests, warmup_s=0.0, duration_s=0.0, timeout_s=timeout,

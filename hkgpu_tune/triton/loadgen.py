@@ -362,6 +362,18 @@ def run(spec: LoadSpec) -> dict:
     return out
 
 
+PER_PROCESS = 4   # requests in flight per process, by default
+
+
+def processes_for(concurrency: int, processes: int | None = None) -> int:
+    """The processes for a load: the ones asked for, or one per PER_PROCESS in flight, at most one
+    per CPU. Many processes, not one busy one: a process waiting on the server costs nothing, and the
+    scheduler shares the CPUs by thread with the server's threads."""
+    if processes:
+        return max(1, min(processes, concurrency))
+    return max(1, min(math.ceil(concurrency / PER_PROCESS), os.cpu_count() or 1))
+
+
 def client_bound(r: dict) -> str:
     """Why the client, not the server, set these figures ("" when it did not): a worker process
     near a full core, event loops waking late while most of the latency was spent outside Triton,
