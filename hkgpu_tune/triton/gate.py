@@ -49,7 +49,8 @@ class LoadResult:
                 f"{self.requests} requests at concurrency {self.concurrency}, {self.throughput:.0f} req/s{err}; "
                 f"client {self.processes} processes, CPU {self.client_cpu_cores:.2f} cores, "
                 f"loop lag {self.client_loop_lag_ms:.2f} ms"
-                + (f"; Triton {self.server_request_ms:.2f} ms per request" if self.server_request_ms is not None else ""))
+                + (f"; Triton {self.server_request_ms:.2f} ms per request" if self.server_request_ms is not None else "")
+                + (f"; client-bound: {self.client_bound}" if self.client_bound else ""))
 
 
 @dataclass

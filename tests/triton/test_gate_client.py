@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from hkgpu_tune.profile import load_profile
-from hkgpu_tune.triton import client, launch
+from hkgpu_tune.triton import batch_backend, client, launch
 
 from .conftest import DATA, dump, free_ports, needs_server, profile_dict
 
@@ -64,18 +64,22 @@ def test_apply_gates_a_model_with_fp16_int8_and_bytes_outputs(tmp_path):
         launch.stop(t)
 
 
+@pytest.mark.skipif(not batch_backend.available()[0], reason=f"hkbatch: {batch_backend.available()[1]}")
 def test_a_client_bound_gate_keeps_the_deployment_and_says_so(tmp_path):
-    """One load-generator process asked for 1024 in flight against a server that batches up to 256:
-    the client is the bottleneck: its p99 misses the SLO (300 ms) while Triton's own time per request is
-    within it, and the verdict is client-bound."""
-    path = typed_profile(tmp_path / "node", requests=6000, concurrency=1024, delay_us=0, p99_ms=300)
-    doc = load_profile(path)
-    raw = (tmp_path / "node" / "profile.yaml").read_text()
-    raw = raw.replace("max_batch_size: 16", "max_batch_size: 256").replace(
-        "concurrency: 1024", "concurrency: 1024\n      processes: 1")
-    (tmp_path / "node" / "profile.yaml").write_text(raw)
+    """One load-generator process asked for 1024 in flight against a server that answers faster than
+    one process can ask (the hkbatch backend gathers batches of up to 256 in C++): the client is the
+    bottleneck, its p99 misses the SLO (300 ms) while Triton's own time per request is within it,
+    and the verdict is client-bound."""
+    doc = profile_dict(tmp_path / "node", free_ports(3), requests=8000, concurrency=1024, delay_us=0, p99_ms=300)
+    m = doc["triton"]["models"][0]
+    m.update(name="rows", backend="hkbatch", model_file=f"{DATA}/batch_rows.py", max_batch_size=256)
+    doc["triton"]["gate"]["load"]["processes"] = 1
+    (tmp_path / "node").mkdir(parents=True)
+    path = str(tmp_path / "node" / "profile.yaml")
+    with open(path, "w") as f:
+        f.write(dump(doc))
     t = load_profile(path).section("triton")
-    assert t.gate.processes == 1 and t.models[0].max_batch_size == 256 and doc
+    assert t.gate.processes == 1 and t.models[0].max_batch_size == 256
     try:
         p = apply(path, tmp_path / "state")
         assert p.returncode == 0, p.stdout + p.stderr
@@ -83,17 +87,17 @@ def test_a_client_bound_gate_keeps_the_deployment_and_says_so(tmp_path):
         assert not out["error"] and not out["rolled_back"], out
         assert len(out["notes"]) == 1, out["notes"]
         note = out["notes"][0]
-        assert note.startswith("triton gate client-bound, deployment kept: typed: client-bound, p99 "), note
+        assert note.startswith("triton gate client-bound, deployment kept: rows: client-bound, p99 "), note
         assert "client 1 processes" in note and "says nothing about the server" in note
         assert launch.status(t)["active"]       # still serving
         # the one-line form a person reads
         p = subprocess.run([sys.executable, "-m", "hkgpu_tune", "triton", "gate", "-p", path],
                            capture_output=True, text=True, timeout=240)
         assert p.returncode == 0, p.stdout + p.stderr
-        assert "\ngate client-bound: typed: client-bound, " in p.stdout, p.stdout
+        assert "\ngate client-bound: rows: client-bound, " in p.stdout, p.stdout
         # an SLO Triton's own time per request misses fails the server, client-bound or not
         p = subprocess.run([sys.executable, "-m", "hkgpu_tune", "triton", "gate", "-p", path, "--p99-ms", "0.001"],
                            capture_output=True, text=True, timeout=240)
-        assert p.returncode == 1 and "\ngate FAILED: typed: p99 latency " in p.stdout, p.stdout + p.stderr
+        assert p.returncode == 1 and "\ngate FAILED: rows: p99 latency " in p.stdout, p.stdout + p.stderr
     finally:
         launch.stop(t)
