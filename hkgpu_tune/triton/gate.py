@@ -18,6 +18,11 @@ from hkgpu_tune.errors import ApplyError, HkError
 from hkgpu_tune.triton import client, loadgen
 from hkgpu_tune.triton.loadgen import percentile  # noqa: F401  (the gate's nearest-rank percentile)
 
+# the load runs this long at its in-flight count before its requests count: on the H200 a gate of
+# 2000 requests (a quarter of a second) that counted its first ones measured p99 30 ms where the
+# same server held 10 to 14 ms once its connections and batches had settled (docs/perf, 2026-12-04)
+LOAD_WARMUP_S = 1.0
+
 
 class GateFailed(ApplyError):
     """The service is up but misses its latency SLO (or fails requests): the deployment fails."""
@@ -84,12 +89,13 @@ def warm_up(t, model, n: int) -> float:
 
 
 def load(t, model, requests: int, concurrency: int, timeout: float = 60.0, processes: int | None = None) -> LoadResult:
-    """`requests` inference requests, `concurrency` in flight, from the load generator's processes."""
+    """`requests` inference requests, `concurrency` in flight, from the load generator's processes,
+    after LOAD_WARMUP_S of the same load (not counted)."""
     req = client.request_for(model)
     n = loadgen.processes_for(concurrency, processes)
     name, dt, shape, _ = req[0]
     spec = loadgen.LoadSpec(t.http.host, t.http.port, model.name, name, dt, shape, concurrency=concurrency,
-                            processes=n, requests=requests, warmup_s=0.0, duration_s=0.0, timeout_s=timeout,
+                            processes=n, requests=requests, warmup_s=LOAD_WARMUP_S, duration_s=0.0, timeout_s=timeout,
                             request=req, metrics_port=t.metrics.port if t.metrics.port else None)
     r = loadgen.run(spec)
     return LoadResult(model.name, requests, concurrency, r["errors"], r["seconds"], r["p50_ms"],

@@ -60,7 +60,7 @@ class LoadSpec:
     timeout_s: float = 30.0
     metrics_port: int | None = None   # Triton's /metrics, for queue and compute times
     labels: dict = field(default_factory=dict)
-    requests: int | None = None       # closed loop, this many requests in all (every one counted, no warm-up)
+    requests: int | None = None       # closed loop: this many requests counted, after warmup_s of the same load
     request: list | None = None       # the inputs as client.request_for gives them (instead of the one input)
 
     @property
@@ -95,25 +95,13 @@ def _infer_header(spec: LoadSpec, region: str | None) -> bytes:
 
 
 async def _session(spec: LoadSpec, idx: int, start_at: float, region: str | None) -> dict:
+    """The open loop in one process: a request at each scheduled time, however many are outstanding."""
     import aiohttp
-    share = 1 / spec.processes
-    if spec.raw_path:
-        url = f"http://{spec.host}:{spec.port}{spec.raw_path}"
-        body, headers = bytes(spec.nbytes), {"Content-Type": "application/octet-stream"}
-    else:
-        url = f"http://{spec.host}:{spec.port}/v2/models/{spec.model}/infer"
-        head = _infer_header(spec, region)
-        raw = b"".join(r for *_, r in spec.request) if spec.request else bytes(spec.nbytes)
-        body = head + (b"" if region else raw)
-        headers = {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(head))}
-    conc = max(1, round(spec.concurrency * share)) if spec.rate is None else max(1, spec.concurrency)
+    path, body, headers = _request(spec, region)
+    url = f"http://{spec.host}:{spec.port}{path}"
+    conc = max(1, spec.concurrency)
     win0 = start_at + spec.warmup_s
     win1 = win0 + spec.duration_s
-    left = [0]
-    if spec.requests:   # this process's share of the requests, all of them counted
-        left[0] = spec.requests // spec.processes + (idx < spec.requests % spec.processes)
-        conc = max(1, min(conc, left[0]))
-        win0, win1 = start_at, math.inf
     lags = array.array("d")
     span = [math.inf, 0.0]
     lat = array.array("d")
@@ -158,36 +146,24 @@ async def _session(spec: LoadSpec, idx: int, start_at: float, region: str | None
         await asyncio.sleep(max(0.0, start_at - clock()))
         cpu0, wall0 = time.process_time(), time.perf_counter()
         tick = loop.create_task(ticker())
-        if spec.requests:
-            async def count_one():
-                while left[0] > 0:
-                    left[0] -= 1
-                    await one(session, clock())
-            await asyncio.gather(*(count_one() for _ in range(conc)))
-        elif spec.rate is None:
-            async def loop_one():
-                while clock() < win1:
-                    await one(session, clock())
-            await asyncio.gather(*(loop_one() for _ in range(conc)))
-        else:
-            interval = spec.processes / spec.rate
-            t_next = start_at + idx * interval / spec.processes
-            pending = set()
-            sem = asyncio.Semaphore(conc)
+        interval = spec.processes / spec.rate
+        t_next = start_at + idx * interval / spec.processes
+        pending = set()
+        sem = asyncio.Semaphore(conc)
 
-            async def bounded(t_s):
-                async with sem:
-                    await one(session, t_s)
-            while t_next < win1:
-                delay = t_next - clock()
-                if delay > 0:
-                    await asyncio.sleep(delay)
-                task = loop.create_task(bounded(t_next))
-                pending.add(task)
-                task.add_done_callback(pending.discard)
-                t_next += interval
-            if pending:
-                await asyncio.wait(pending, timeout=spec.timeout_s)
+        async def bounded(t_s):
+            async with sem:
+                await one(session, t_s)
+        while t_next < win1:
+            delay = t_next - clock()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            task = loop.create_task(bounded(t_next))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+            t_next += interval
+        if pending:
+            await asyncio.wait(pending, timeout=spec.timeout_s)
         cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
         tick.cancel()
     return {"lat": lat.tobytes(), "errors": errors[0], "first_error": first_error[0], "sent": sent[0],
@@ -213,29 +189,35 @@ def _threads(spec: LoadSpec, idx: int, start_at: float, region: str | None) -> d
     conc = max(1, round(spec.concurrency / spec.processes))
     win0, win1 = start_at + spec.warmup_s, start_at + spec.warmup_s + spec.duration_s
     left = [0]
-    if spec.requests:   # this process's share of the requests, all of them counted
+    if spec.requests:   # this process's share of the requests, each one sent after the warm-up counted
         left[0] = spec.requests // spec.processes + (idx < spec.requests % spec.processes)
         conc = max(1, min(conc, left[0]))
-        win0, win1 = start_at, math.inf
+        win1 = math.inf
     lock = threading.Lock()
     lat, lags = array.array("d"), array.array("d")
     errors, first_error, sent, span = [0], [""], [0], [math.inf, 0.0]
     done_all = threading.Event()
     clock = time.time   # the processes share one start time: wall clock, not monotonic
 
-    def take() -> bool:
+    def take() -> tuple[bool, bool]:
+        """(send one more, count it): the warm-up's requests at the same load are not counted."""
         with lock:
             if spec.requests:
+                if clock() < win0:
+                    return True, False
                 if left[0] <= 0:
-                    return False
+                    return False, False
                 left[0] -= 1
-                return True
-            return clock() < win1
+                return True, True
+            return clock() < win1, True
 
     def worker():
         conn = http.client.HTTPConnection(spec.host, spec.port, timeout=spec.timeout_s)
         mine, errs, first, n_sent, lo, hi = [], 0, "", 0, math.inf, 0.0
-        while take():
+        while True:
+            go, counted = take()
+            if not go:
+                break
             t0 = clock()
             n_sent += win0 <= t0 <= win1
             try:
@@ -251,8 +233,9 @@ def _threads(spec: LoadSpec, idx: int, start_at: float, region: str | None) -> d
                 conn.close()
                 conn = http.client.HTTPConnection(spec.host, spec.port, timeout=spec.timeout_s)
             t1 = clock()
-            lo, hi = min(lo, t0), max(hi, t1)
-            if win0 <= t1 <= win1:
+            if counted and spec.requests:
+                lo, hi = min(lo, t0), max(hi, t1)
+            if counted and (spec.requests or win0 <= t1 <= win1):
                 if ok:
                     mine.append((t1 - t0) * 1000)
                 else:
@@ -376,7 +359,8 @@ def run(spec: LoadSpec) -> dict:
     try:
         for p in procs:
             p.start()
-        if spec.requests:   # every request counted: Triton's figures from before the first
+        if spec.requests:   # Triton's figures from the end of the warm-up to the last answer
+            time.sleep(max(0.0, start_at + spec.warmup_s - time.time()))
             before = _triton_stats(spec)
             psutil.cpu_percent(None)
         else:
