@@ -16,8 +16,8 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 import yaml  # noqa: E402
 
-from hkgpu_tune.profile import load_profile  # noqa: E402
-from hkgpu_tune.triton import launch, loadgen, render, sweep  # noqa: E402
+from hkgpu_tune.core.profile import load_profile  # noqa: E402
+from hkgpu_tune.serve import launch, loadgen, render, sweep  # noqa: E402
 
 
 def model(name, backend, instances):

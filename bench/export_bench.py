@@ -34,7 +34,7 @@ def timeit(fn, runs):
 
 
 def main():
-    from hkgpu_tune import export as X
+    from hkgpu_tune.observe import export as X
     from tests.fixtures.monitor import replay_host as R
 
     tmp = tempfile.mkdtemp(prefix="hkexport-")

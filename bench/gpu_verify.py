@@ -55,7 +55,7 @@ def main():
     imp = time.perf_counter() - t0
     from hkgpu_tune.backends import Backends
     from hkgpu_tune.backends.nvml import Nvml
-    from hkgpu_tune.profile import load_profile
+    from hkgpu_tune.core.profile import load_profile
     from hkgpu_tune.subsystems import gpu
 
     plug = gpu.Plugin(load_profile(a.profile), Backends(nvml=Nvml()))

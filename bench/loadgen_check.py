@@ -1,4 +1,4 @@
-"""Check the gate's load generator against the independent plain client (hkgpu_tune.triton.plain),
+"""Check the gate's load generator against the independent plain client (hkgpu_tune.serve.plain),
 side by side on the same running server, config and in-flight count.
 
 For each in-flight count: the load generator as the gate sizes it (processes, binary outputs) over
@@ -20,8 +20,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from hkgpu_tune.profile import load_profile           # noqa: E402
-from hkgpu_tune.triton import client, gate, loadgen, plain  # noqa: E402
+from hkgpu_tune.core.profile import load_profile           # noqa: E402
+from hkgpu_tune.serve import client, gate, loadgen, plain  # noqa: E402
 
 
 def check(t, model, conc: int, seconds: float, processes: int | None, plain_processes: int | None) -> dict:

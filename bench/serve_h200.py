@@ -7,7 +7,7 @@
           --shm; with --check, the load generator against the plain client at those in-flight counts
   limit   the same torch engine in-process: best batch, no server
 
-All three are loaded by the same load generator (hkgpu_tune.triton.loadgen): one image per request,
+All three are loaded by the same load generator (hkgpu_tune.serve.loadgen): one image per request,
 several processes, many requests in flight. GPU utilisation is sampled with NVML over the tuned run.
 Writes serve-h200.json and serve-h200.png into --out, and prints the targets with pass/fail.
 
@@ -33,8 +33,8 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 sys.path.insert(0, HERE)   # bench/loadgen_check.py
 
-from hkgpu_tune.errors import HkError  # noqa: E402
-from hkgpu_tune.triton import loadgen, sweep  # noqa: E402
+from hkgpu_tune.core.errors import HkError  # noqa: E402
+from hkgpu_tune.serve import loadgen, sweep  # noqa: E402
 
 SETTINGS = ("persistence_mode,compute_mode,mig.mode.current,ecc.mode.current,power.limit,"
             "clocks.applications.graphics,clocks.applications.memory")
@@ -115,14 +115,14 @@ class GpuSampler:
 
 
 def free_port() -> int:
-    from hkgpu_tune.triton import client
+    from hkgpu_tune.serve import client
     return client.free_ports(1)[0]
 
 
 # ---------------------------------------------------------------- limit
 def limit_main(args) -> None:
     """In-process: the torch engine at each batch, input already on the GPU, and with the copies."""
-    from hkgpu_tune.triton.torch_model import TorchEngine
+    from hkgpu_tune.serve.torch_model import TorchEngine
     import torch
     batches = [int(b) for b in args.limit_batches.split(",")]
     opts = json.loads(args.engine_opts or "{}")
@@ -154,7 +154,7 @@ def limit_main(args) -> None:
 
 def engine_opts(args) -> dict:
     """The served model's engine settings (the profile's build and config parameters), for the limit."""
-    from hkgpu_tune.triton.torch_model import engine_options
+    from hkgpu_tune.serve.torch_model import engine_options
     m = triton_section(args.profile).model(args.model)
     params = {k: v.get("string_value", "") for k, v in m.config.get("parameters", {}).items()}
     opts = engine_options(params, m.inputs[0]["data_type"])
@@ -266,7 +266,7 @@ def serve_and_measure(args, prof: str, t, model, res: dict, mps: bool) -> None:
             p = hk("triton", "start", "-p", prof, "--no-gate", "--json", timeout=300)
             if p.returncode != 0:
                 raise HkError(f"hkgpu-tune triton start failed: {(p.stderr or p.stdout).strip()[-1500:]}")
-        from hkgpu_tune.triton import launch
+        from hkgpu_tune.serve import launch
         svc = launch.status(t)
     except BaseException:
         hk("triton", "stop", "-p", prof, "--json")
@@ -316,7 +316,7 @@ def serve_and_measure(args, prof: str, t, model, res: dict, mps: bool) -> None:
 
 
 def triton_section(path: str):
-    from hkgpu_tune.profile import load_profile
+    from hkgpu_tune.core.profile import load_profile
     from hkgpu_tune.subsystems import triton
     return triton.check_models(triton.section(load_profile(path)))   # with the mps section's directories
 

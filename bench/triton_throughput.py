@@ -20,14 +20,14 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import yaml  # noqa: E402
 
-from hkgpu_tune.profile import load_profile  # noqa: E402
-from hkgpu_tune.triton import client, gate, launch, render  # noqa: E402
+from hkgpu_tune.core.profile import load_profile  # noqa: E402
+from hkgpu_tune.serve import client, gate, launch, render  # noqa: E402
 
 MODEL_PY = os.path.join(os.path.dirname(__file__), "..", "tests", "triton", "data", "doubler.py")
 
 
 def free_ports(n):
-    from hkgpu_tune.triton import client
+    from hkgpu_tune.serve import client
     return client.free_ports(n)
 
 

@@ -33,7 +33,7 @@ def setup():
 
 
 def profile_file():
-    from hkgpu_tune.profile import default_profile_path
+    from hkgpu_tune.core.profile import default_profile_path
     text = open(default_profile_path()).read().replace("{driver: mlx5_core}", "{name: %s}" % DEV)
     f = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
     f.write(text)
@@ -52,8 +52,8 @@ def timeit(fn, runs):
 
 def inner(prof, before, bytecode):
     """Runs inside the namespace."""
-    from hkgpu_tune.engine import Engine
-    from hkgpu_tune.profile import load_profile
+    from hkgpu_tune.tune.engine import Engine
+    from hkgpu_tune.core.profile import load_profile
 
     keys = ["net.core.rmem_max", "net.core.wmem_max", "net.core.netdev_max_backlog", "net.core.default_qdisc",
             "net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem", "net.ipv4.tcp_mtu_probing"]

@@ -6,14 +6,14 @@
 """
 __version__ = "0.1.0"
 
-from .errors import ApplyError, HkError, ProfileError, StateError, UnsupportedError  # noqa: E402
-from .profile import Profile, load_profile, parse_profile_text  # noqa: E402
-from .report import Change, Result  # noqa: E402
+from hkgpu_tune.core.errors import ApplyError, HkError, ProfileError, StateError, UnsupportedError  # noqa: E402
+from hkgpu_tune.core.profile import Profile, load_profile, parse_profile_text  # noqa: E402
+from hkgpu_tune.core.report import Change, Result  # noqa: E402
 
 
 def __getattr__(name):  # keep `import hkgpu_tune` light: the engine loads on first use
     if name == "Engine":
-        from .engine import Engine
+        from hkgpu_tune.tune.engine import Engine
         return Engine
     raise AttributeError(name)
 

@@ -1,3 +1,3 @@
-from .cli import main
+from hkgpu_tune.cli import main
 
 main()

@@ -14,9 +14,9 @@ import errno
 import os
 import stat
 
-from .errors import HkError, ProfileError
-from .fsutil import atomic_write
-from .profile import Profile, load_profile, load_yaml_doc, parse_profile_text, read_profile_file
+from hkgpu_tune.core.errors import HkError, ProfileError
+from hkgpu_tune.core.fsutil import atomic_write
+from hkgpu_tune.core.profile import Profile, load_profile, load_yaml_doc, parse_profile_text, read_profile_file
 
 NODE_PROFILE = "/etc/hkgpu-tune/node.yaml"
 STATE_DIR = "/var/lib/hkgpu-tune"
@@ -52,7 +52,7 @@ def merge_sections(sections: dict, profile_path: str) -> tuple[Profile, str, str
     the others are kept. The merged text is parsed as a whole before anything is written."""
     import yaml
 
-    from .subsystems import for_sections
+    from hkgpu_tune.subsystems import for_sections
 
     old = _read(profile_path)
     doc = load_yaml_doc(old, profile_path) if old else {}
@@ -131,8 +131,8 @@ def _failure_lines(results) -> str:
 
 
 def _rollback(check: bool, state_dir: str) -> dict:
-    from .engine import Engine
-    from .persist import unpersist
+    from hkgpu_tune.tune.engine import Engine
+    from hkgpu_tune.tune.persist import unpersist
     eng = Engine(parse_profile_text("name: rollback\n", "<rollback>"), state_dir=state_dir)
     try:
         saved = eng.state.load()
@@ -177,7 +177,7 @@ def converge(sections: dict | None, check: bool, *, profile: str | None = None, 
     if only is not None and not only:
         return {"changed": False, "results": [], "failures": [], "changes": [], "msg": "nothing selected"}
 
-    from .engine import ApplyReport, Engine
+    from hkgpu_tune.tune.engine import ApplyReport, Engine
     eng = Engine(prof, only=only, state_dir=state_dir, backends=backends)
     try:
         if state == "verified":
@@ -215,7 +215,7 @@ def converge(sections: dict | None, check: bool, *, profile: str | None = None, 
             out["rolled_back"] = rep.rolled_back
             raise ConvergeFailed(rep.error + (" (rolled back)" if rep.rolled_back else ""), out)
         if persist and (out["changed"] or _needs_persist(text)):
-            from .persist import persist as do_persist
+            from hkgpu_tune.tune.persist import persist as do_persist
             full = Engine(parse_profile_text(text, profile_path) if text else prof, state_dir=state_dir, backends=eng.b)
             out["persisted"] = do_persist(full, "/", profile_path=profile_path if text else prof.path)
         if out["failures"]:
@@ -228,7 +228,7 @@ def converge(sections: dict | None, check: bool, *, profile: str | None = None, 
 
 def _needs_persist(text) -> bool:
     """The persisted copy of the node profile is missing or older than the node profile."""
-    from .persist import PROFILE_FILE
+    from hkgpu_tune.tune.persist import PROFILE_FILE
     if text is None:
         return False
     try:

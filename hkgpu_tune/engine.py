@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from . import subsystems
-from .backends import Backends
-from .errors import HkError, ProfileError, StateError, TargetGone, UnsupportedError
-from .journal import Journal
-from .report import ERROR, UNSUPPORTED, Change, Result
-from .state import DEFAULT_STATE_DIR, STATE_FILE, State  # noqa: F401  (State is part of the API)
+from hkgpu_tune import subsystems
+from hkgpu_tune.backends import Backends
+from hkgpu_tune.core.errors import HkError, ProfileError, StateError, TargetGone, UnsupportedError
+from hkgpu_tune.tune.journal import Journal
+from hkgpu_tune.core.report import ERROR, UNSUPPORTED, Change, Result
+from hkgpu_tune.tune.state import DEFAULT_STATE_DIR, STATE_FILE, State  # noqa: F401  (State is part of the API)
 
 
 @dataclass
@@ -144,7 +144,7 @@ class Engine:
 
     def _restore(self, c: Change) -> str | None:
         if c.subsystem == "persist":
-            from .persist import undo_file
+            from hkgpu_tune.tune.persist import undo_file
             return undo_file(c, self.state.dir)
         sub = self.by_name.get(c.subsystem) or self._sub(c.subsystem)
         sub.restore(c)
@@ -170,7 +170,7 @@ class Engine:
         if not self.state.check_dir():
             return rep
         if not only or "persist" in only:
-            from .persist import _refuse_legacy
+            from hkgpu_tune.tune.persist import _refuse_legacy
             _refuse_legacy(self.state.dir)
         with self.state.lock():
             entries = self.state.load()

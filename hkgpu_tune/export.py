@@ -13,11 +13,11 @@ import stat
 import time
 from dataclasses import dataclass, field
 
-from . import collect as C
-from . import health
-from . import report
-from .errors import HkError
-from .fsutil import atomic_write
+from hkgpu_tune.observe import collect as C
+from hkgpu_tune.observe import health
+from hkgpu_tune.core import report
+from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.core.fsutil import atomic_write
 
 DEFAULT_DIR = "/var/lib/prometheus/node-exporter"   # Debian's prometheus-node-exporter
 FILE_NAME = "hkgpu-tune.prom"
@@ -63,7 +63,7 @@ def check_dir(d: str) -> None:
 def profile_sha256(profile, path=None) -> str:
     """sha256 of the profile file's bytes: `path` (the CLI passes the file it resolved), else the
     profile's own path (the default profile carries only its shipped file's name)."""
-    from .profile import default_profile_path, read_profile_file
+    from hkgpu_tune.core.profile import default_profile_path, read_profile_file
     if path is None:
         path = default_profile_path() if str(profile.path) == default_profile_path().name else profile.path
     try:
@@ -117,7 +117,7 @@ def build(profile, engine, *, probes: bool = False, sources: C.Sources | None = 
             cres.append(C.Result("mtu_probe", False, [], {}, C.one_line(e), time.perf_counter() - t))
     allres = [vres] + cres
     allres.append(health.from_collectors(profile, cres, results))   # hkgpu_tune_health_status, _check{check}
-    from . import __version__
+    from hkgpu_tune import __version__
     head = report.to_prometheus(results) if vres.up else ""
     run = [C.Family("hkgpu_tune_info", "gauge", "hkgpu-tune version and profile.",
                     [({"version": __version__, "profile": profile.name or str(profile.path),
@@ -140,7 +140,7 @@ def export(profile, directory: str | None = None, *, probes: bool = False, engin
     d = textfile_dir(directory)
     check_dir(d)
     if engine is None:
-        from .engine import Engine
+        from hkgpu_tune.tune.engine import Engine
         engine = Engine(profile, state_dir=state_dir)
     rep = build(profile, engine, probes=probes, sources=sources, profile_file=profile_file)
     rep.path = os.path.join(d, FILE_NAME)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import stat
 
-from .errors import HkError
+from hkgpu_tune.core.errors import HkError
 
 
 def _check_dest(path: str) -> None:

@@ -28,8 +28,8 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
-from .errors import HkError, LockError, StateError
-from .fsutil import atomic_write
+from hkgpu_tune.core.errors import HkError, LockError, StateError
+from hkgpu_tune.core.fsutil import atomic_write
 
 HEALTHY, DEGRADED, ERROR = "healthy", "degraded", "error"
 STATUS_VALUE = {HEALTHY: 0, DEGRADED: 1, ERROR: 2}          # hkgpu_tune_health_status
@@ -97,7 +97,7 @@ def _argv(n) -> tuple[str, ...]:
 
 def parse_profile(n) -> HealthConfig:
     """The `health:` section (a profile.Node) -> HealthConfig; errors name file:line and key."""
-    from .profile import IFNAME_RE
+    from hkgpu_tune.core.profile import IFNAME_RE
     m = n.mapping(KEYS)
     kw: dict = {}
     if "gpus_expected" in m:
@@ -244,7 +244,7 @@ def _gpu_checks(cfg: HealthConfig, gpus: list[dict]) -> list[Check]:
 def read_gpus(nvml) -> tuple[list[dict] | None, list[Check]]:
     """(GPUs, checks about reading them). NVML that cannot start because a GPU is lost is a
     failing gpu_lost check; NVML missing altogether is left to gpu_count (expected or not)."""
-    from .collect import gpu as gpu_collector
+    from hkgpu_tune.observe.collect import gpu as gpu_collector
     try:
         return gpu_collector.read(nvml), []
     except HkError as e:
@@ -276,7 +276,7 @@ def _xid_checks(cfg: HealthConfig, events: list[dict] | None, err: str | None) -
 def read_kmsg() -> tuple[list[dict] | None, str | None]:
     """XID events since boot (a file named by HKGPU_TUNE_KMSG_REPLAY stands in for the kernel log:
     collect.kmsg.events)."""
-    from .collect import kmsg
+    from hkgpu_tune.observe.collect import kmsg
     try:
         return kmsg.events(), None
     except Exception as e:  # noqa: BLE001 - one line, the check reports it
@@ -307,7 +307,7 @@ def _nic_checks(cfg: HealthConfig, counters: dict | None, err: str | None, prev:
 
 def _verify_checks(profile, res=None) -> list[Check]:
     if res is None:
-        from .engine import Engine
+        from hkgpu_tune.tune.engine import Engine
         try:
             res = Engine(profile).verify()
         except HkError as e:
@@ -319,7 +319,7 @@ def _verify_checks(profile, res=None) -> list[Check]:
 
 def _read_nics(devices) -> dict:
     """/sys statistics of each device; a device that is gone is left out (its check says so)."""
-    from .collect.nic import SysNic
+    from hkgpu_tune.observe.collect.nic import SysNic
     src, out = SysNic(), {}
     for dev in devices:
         try:
@@ -394,7 +394,7 @@ def from_collectors(profile, results, verify_results=None):
     the previous run's counters, so it is left to `hkgpu-tune health`.
 
     >>> cres.append(health.from_collectors(profile, cres, results))   # doctest: +SKIP"""
-    from .collect import Result, one_line
+    from hkgpu_tune.observe.collect import Result, one_line
     t = time.perf_counter()
     try:
         by = {r.collector: r for r in results}
@@ -422,7 +422,7 @@ def from_collectors(profile, results, verify_results=None):
 
 # ---------------------------------------------------------------- the state file
 def _state_dir(state_dir: str | None) -> str:
-    from .state import State
+    from hkgpu_tune.tune.state import State
     st = State(state_dir)
     st.check_dir(create=True)           # trusted: ours, not a link, not group/world-writable
     return st.dir
@@ -435,7 +435,7 @@ def _is_time(v) -> bool:
 def load_state(directory: str) -> dict:
     """The last recorded health state; {} when there is none. A file that is not ours or not of
     the expected shape is refused (StateError), never half-read."""
-    from .state import _check_owned
+    from hkgpu_tune.tune.state import _check_owned
     path = os.path.join(directory, STATE_FILE)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -491,7 +491,7 @@ class _Lock:
         self.fd = None
 
     def __enter__(self):
-        from .state import _check_owned
+        from hkgpu_tune.tune.state import _check_owned
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
         except OSError as e:
@@ -667,7 +667,7 @@ def _transition(rep: Report, cfg: HealthConfig, doc: dict, directory: str, now: 
 def to_families(rep: Report) -> list:
     """hkgpu_tune_health_status (0 healthy, 1 degraded, 2 error) and hkgpu_tune_health_check{check}
     (1 failing, per check kind over all GPUs and devices) as collect.Family objects."""
-    from .collect import Family
+    from hkgpu_tune.observe.collect import Family
     by: dict[str, float] = {}
     for c in rep.checks:
         by[c.name] = max(by.get(c.name, 0.0), 1.0 if c.status == FAILING else 0.0)

@@ -16,9 +16,9 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from .errors import HkError
-from .report import Change
-from .state import State
+from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.core.report import Change
+from hkgpu_tune.tune.state import State
 
 
 class Journal:

@@ -5,7 +5,7 @@ permanent address), driver, pci and default_route; all given keys must hold. Whe
 rules match one device, their settings are merged; two rules that set the same key of one
 device differently are a ProfileError naming both rules.
 
->>> from hkgpu_tune.profile import Match
+>>> from hkgpu_tune.core.profile import Match
 >>> matches(Match(name="ens*f0"), {"name": "ens1f0", "mac": "", "driver": None, "pci": None})
 True
 """
@@ -14,8 +14,8 @@ from __future__ import annotations
 import dataclasses
 from fnmatch import fnmatchcase
 
-from .errors import ProfileError, StateError, TargetGone
-from .report import OK, UNSUPPORTED
+from hkgpu_tune.core.errors import ProfileError, StateError, TargetGone
+from hkgpu_tune.core.report import OK, UNSUPPORTED
 
 GLOB = frozenset("*?[")
 

@@ -17,12 +17,12 @@ import sys
 
 import yaml
 
-from .errors import HkError, ProfileError, StateError
-from .fsutil import atomic_write, fsync_dir
-from .journal import Journal
-from .profile import load_yaml_doc
-from .report import Change
-from .state import State
+from hkgpu_tune.core.errors import HkError, ProfileError, StateError
+from hkgpu_tune.core.fsutil import atomic_write, fsync_dir
+from hkgpu_tune.tune.journal import Journal
+from hkgpu_tune.core.profile import load_yaml_doc
+from hkgpu_tune.core.report import Change
+from hkgpu_tune.tune.state import State
 
 SYSCTL_FILE = "etc/sysctl.d/60-hkgpu-tune.conf"
 PROFILE_FILE = "etc/hkgpu-tune/profile.yaml"
@@ -327,7 +327,7 @@ def _refuse_legacy(state_dir: str) -> None:
 def sysctl_conf(profile, results) -> str:
     """The sysctl section's settings and the buffer sizes tcp_buffers derives (what apply set),
     so that a reboot keeps them."""
-    from .subsystems.sysctl import buffer_settings
+    from hkgpu_tune.subsystems.sysctl import buffer_settings
     bad = {r.key for r in results if r.subsystem == "sysctl" and r.status in ("unsupported", "error")}
     name = str(profile.name or profile.path)
     lines = ["# Written by hkgpu-tune apply --persist; `hkgpu-tune rollback` removes it.",
@@ -422,7 +422,7 @@ def _mtu_owners(engine, profile, root) -> list[tuple[dict, int, tuple[str, str] 
     """(link, mtu, owner) for each link a rule with an MTU matches."""
     if "link" not in engine.by_name:
         return []
-    from .subsystems.link import matches
+    from hkgpu_tune.subsystems.link import matches
     links, out = engine.b.net.links(), []
     for rule in profile.network.interfaces:
         if rule.mtu:
@@ -457,7 +457,7 @@ def _forget_textfile(root: str) -> list[str]:
     """The boot unit is gone: its export's textfile goes too, or node_exporter serves the rolled-back
     node's last figures for ever. Only where no export.env names a directory: then the hkgpu_verify
     role's timer writes the file, and its rollback playbook removes it."""
-    from .export import DEFAULT_DIR, FILE_NAME
+    from hkgpu_tune.observe.export import DEFAULT_DIR, FILE_NAME
     if os.path.lexists(os.path.join(root, EXPORT_ENV)):
         return []
     path = os.path.join(root, DEFAULT_DIR.lstrip("/"), FILE_NAME)

@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import yaml
 
-from .errors import ProfileError
+from hkgpu_tune.core.errors import ProfileError
 
 PROFILE_DIR = Path(__file__).resolve().parent / "profiles"
 DEFAULT_PROFILE = "hk-inference"
@@ -568,13 +568,13 @@ def parse_sysctl(n: Node) -> list[SysctlSetting]:
 # section name -> "module:function" returning the typed section; modules of other
 # subsystems own their section's schema.
 SECTIONS: dict[str, str] = {
-    "network": "hkgpu_tune.profile:parse_network",
-    "sysctl": "hkgpu_tune.profile:parse_sysctl",
+    "network": "hkgpu_tune.core.profile:parse_network",
+    "sysctl": "hkgpu_tune.core.profile:parse_sysctl",
     "gpu": "hkgpu_tune.subsystems.gpu:parse_profile",
     "mps": "hkgpu_tune.subsystems.mps:parse_profile",
     "affinity": "hkgpu_tune.subsystems.affinity:parse_profile",
     "triton": "hkgpu_tune.subsystems.triton:parse_profile",
-    "health": "hkgpu_tune.health:parse_profile",
+    "health": "hkgpu_tune.observe.health:parse_profile",
     "baseline": "hkgpu_tune.baseline.settings:parse_profile",
     "tcp_buffers": "hkgpu_tune.subsystems.sysctl:parse_tcp_buffers",
 }

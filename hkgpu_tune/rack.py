@@ -19,7 +19,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .errors import HkError
+from hkgpu_tune.core.errors import HkError
 
 PLAYBOOKS = {"apply": "site.yml", "verify": "verify.yml", "rollback": "rollback.yml"}
 PLAYBOOKS["baseline"] = "baseline.yml"   # capture and fetch snapshots; baseline/rack.py prints the tables
@@ -252,7 +252,7 @@ def _progress(hosts):
 
 
 def _what_failed(r: HostResult) -> str:
-    from .report import fmt
+    from hkgpu_tune.core.report import fmt
     return "; ".join(f"{f['subsystem']} {f['target']} {f['key']}: {fmt(f.get('current'))} != "
                      f"{fmt(f.get('desired'))}" for f in r.failures) or r.msg
 
@@ -267,7 +267,7 @@ def host_line(r: HostResult) -> str:
 
 def summary_table(run: RackRun):
     from rich.text import Text
-    from .report import _table
+    from hkgpu_tune.core.report import _table
     t = _table(f"{Path(run.playbook).name}: {len(run.hosts)} host(s) in {run.elapsed_s:.1f} s",
                [("host", max((len(h) for h in run.hosts), default=4)), ("ok", 2), ("changed", 7), ("failed", 6),
                 ("unreachable", 11), ("what failed", 0)])
@@ -289,10 +289,10 @@ def _print_diffs(run: RackRun, out) -> None:
 def cli_run(args) -> int:
     from rich.console import Console
     from rich.text import Text
-    from .report import envelope
+    from hkgpu_tune.core.report import envelope
 
     if args.action == "baseline":
-        from .baseline.rack import cli_run as baseline_run
+        from hkgpu_tune.fleet.baseline_rack import cli_run as baseline_run
         return baseline_run(args)
     extra = _extravars(args.extra_vars)
     kw = dict(verbosity=args.verbose, forks=args.forks, skip_tags=args.skip_tags)

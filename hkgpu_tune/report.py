@@ -120,7 +120,7 @@ def envelope(command: str, data: dict, profile=None) -> dict:
     """
     import socket
     import time
-    from . import __version__
+    from hkgpu_tune import __version__
     head = {"schema_version": SCHEMA_VERSION, "command": command, "host": socket.gethostname(),
             **_profile_fields(profile),
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "version": __version__}

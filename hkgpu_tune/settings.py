@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
-from .report import Change
+from hkgpu_tune.core.report import Change
 
 VERSION = 1
 _CTRL = re.compile("[\x00-\x08\x0a-\x1f\x7f]")           # tab is allowed, line breaks are not
@@ -126,7 +126,7 @@ def ip(v, what: str) -> None:
 
 # ---------------------------------------------------------------- the types
 def _sysctl(c: Change) -> None:
-    from .profile import valid_sysctl_key
+    from hkgpu_tune.core.profile import valid_sysctl_key
     if c.target != "host":
         _fail(f"target: {c.target!r}, expected 'host'")
     text(c.key, "key", maxlen=255)
@@ -261,7 +261,7 @@ def _gpu(c: Change) -> None:
 
 
 def _mps(c: Change) -> None:
-    from .backends.mps import safe_root
+    from hkgpu_tune.backends.mps import safe_root
     text(c.target, "target", maxlen=64)
     d = c.data
     if c.key in ("pipe_dir", "log_dir"):
@@ -297,7 +297,7 @@ def _mps(c: Change) -> None:
 
 
 def _affinity(c: Change) -> None:
-    from .subsystems.affinity import IRQBALANCE_FILES
+    from hkgpu_tune.subsystems.affinity import IRQBALANCE_FILES
     text(c.target, "target", maxlen=256)
     d = c.data
     if c.key == "smp_affinity_list":
@@ -325,8 +325,8 @@ def _triton(c: Change) -> None:
         if not (isinstance(m, str) and _NAME.fullmatch(m)) or m in (".", ".."):
             _fail(f"data.model: {m!r} is not a model name")
         if "model_dir" in c.data:  # paths rollback moves and removes (triton/redeploy.py)
-            from .errors import StateError
-            from .triton.redeploy import check_record
+            from hkgpu_tune.core.errors import StateError
+            from hkgpu_tune.serve.redeploy import check_record
             try:
                 check_record(c.data)
             except StateError as e:

@@ -19,10 +19,10 @@ import stat
 import time
 from contextlib import contextmanager
 
-from . import settings
-from .errors import HkError, LockError, StateError
-from .fsutil import atomic_write
-from .report import Change
+from hkgpu_tune.tune import settings
+from hkgpu_tune.core.errors import HkError, LockError, StateError
+from hkgpu_tune.core.fsutil import atomic_write
+from hkgpu_tune.core.report import Change
 
 DEFAULT_STATE_DIR = "/var/lib/hkgpu-tune"
 STATE_FILE = "state.json"
@@ -208,5 +208,5 @@ class State:
             os.unlink(self.path)
         except FileNotFoundError:
             return
-        from .fsutil import fsync_dir
+        from hkgpu_tune.core.fsutil import fsync_dir
         fsync_dir(self.dir)

@@ -5,7 +5,7 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 
-from ..errors import HkError
+from hkgpu_tune.core.errors import HkError
 
 
 @dataclass

@@ -15,8 +15,8 @@ import stat
 import subprocess
 import time
 
-from ..errors import ApplyError, HkError, UnsupportedError
-from .command import Command
+from hkgpu_tune.core.errors import ApplyError, HkError, UnsupportedError
+from hkgpu_tune.backends.command import Command
 
 CONTROL = "nvidia-cuda-mps-control"
 

@@ -8,7 +8,7 @@ import re
 import socket
 import time
 
-from ..errors import ApplyError, HkError, UnsupportedError
+from hkgpu_tune.core.errors import ApplyError, HkError, UnsupportedError
 
 TC_H_ROOT = 0xFFFFFFFF
 RTN_UNICAST, RTN_LOCAL = 1, 2
@@ -471,7 +471,7 @@ class Tc:
 
     def _remember(self, kind: str, ans) -> None:
         import json
-        from ..fsutil import atomic_write
+        from hkgpu_tune.core.fsutil import atomic_write
         doc = self._load_cache()
         if not doc or doc["boot"] != self._boot():
             doc = {"boot": self._boot(), "kinds": {}}

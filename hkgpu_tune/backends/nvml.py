@@ -15,7 +15,7 @@ import os
 import threading
 from types import SimpleNamespace
 
-from ..errors import ApplyError, HkError, UnsupportedError
+from hkgpu_tune.core.errors import ApplyError, HkError, UnsupportedError
 
 NO_LIBRARY = "NVML library not found (libnvidia-ml.so.1)"
 COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}

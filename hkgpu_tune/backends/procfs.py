@@ -4,7 +4,7 @@ from __future__ import annotations
 import errno
 import os
 
-from ..errors import ApplyError, HkError, UnsupportedError
+from hkgpu_tune.core.errors import ApplyError, HkError, UnsupportedError
 
 
 class ProcSys:

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import os
 
-from ..errors import ApplyError, UnsupportedError
-from ..fsutil import atomic_write
-from .command import Command
+from hkgpu_tune.core.errors import ApplyError, UnsupportedError
+from hkgpu_tune.core.fsutil import atomic_write
+from hkgpu_tune.backends.command import Command
 
 UNIT_DIR = "/etc/systemd/system"
 

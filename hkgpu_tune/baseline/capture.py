@@ -12,16 +12,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 
-from .. import report
-from ..errors import HkError
-from . import COMMAND, FORMAT, engine_bench, iperf, settings
+from hkgpu_tune.core import report
+from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.baseline import COMMAND, FORMAT, engine_bench, iperf, settings
 
 NIC_KEYS = ("rx_dropped", "tx_dropped", "rx_errors", "tx_errors", "rx_packets", "tx_packets", "rx_bytes", "tx_bytes")
 TCP_KEYS = ("retrans_segs", "out_segs", "in_segs", "in_errs")
 
 
 def _collect(profile, names):
-    from ..collect import collect
+    from hkgpu_tune.observe.collect import collect
     return {r.collector: r for r in collect(profile, names)}
 
 
@@ -37,7 +37,7 @@ def _ping_missing() -> bool:
 
 def ping_all(profile, counts: settings.Counts, tolerance_pct: float) -> tuple[list[dict], list[str]]:
     """Every fabric and WAN peer at once: `ping_count` echoes each, bounded in time."""
-    from ..collect import probe
+    from hkgpu_tune.observe.collect import probe
     peers = probe.peers(profile)
     if not peers:
         return [], []
@@ -171,7 +171,7 @@ def _boot_id() -> str | None:
 
 
 def _facts(profile) -> dict:
-    from ..engine import Engine
+    from hkgpu_tune.tune.engine import Engine
     try:
         eng = Engine(profile)
         try:

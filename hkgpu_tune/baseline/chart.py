@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import io
 
-from ..errors import HkError
-from ..fsutil import atomic_write
+from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.core.fsutil import atomic_write
 
 FACE = "#eef2f7"
 BEFORE, AFTER = "#4c72b0", "#dd8452"

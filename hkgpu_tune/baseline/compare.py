@@ -13,8 +13,8 @@ import stat
 import statistics
 from dataclasses import asdict, dataclass, field
 
-from ..errors import HkError
-from . import COMMAND, FORMAT, settings, stats
+from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.baseline import COMMAND, FORMAT, settings, stats
 
 MAX_BYTES = 64 << 20
 
@@ -109,7 +109,7 @@ def _row(item, where: str) -> dict:
 
 
 def metrics(snap: Snapshot) -> dict[str, Metric]:
-    from ..collect.probe import stats as ping_stats
+    from hkgpu_tune.observe.collect.probe import stats as ping_stats
     d, p = snap.doc, snap.path
     out: dict[str, Metric] = {}
     for i, t in enumerate(d["throughput"]):

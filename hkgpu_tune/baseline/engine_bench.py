@@ -23,7 +23,7 @@ def run(cfg, quick: bool, enabled: bool = True) -> dict:
         return {"status": "skipped", "reason": "left out (--no-engine)"}
     if quick:
         return {"status": "skipped", "reason": "--quick leaves the engine benchmark out"}
-    from ..triton.tensorrt import trtexec_path
+    from hkgpu_tune.serve.tensorrt import trtexec_path
     trt = trtexec_path()
     plan = getattr(cfg, "plan", None)
     if trt and plan and os.path.isfile(plan):
@@ -50,7 +50,7 @@ def _result(tool, model, batch, rates, lat_ms, extra=None) -> dict:
 
 def _torch(cfg) -> dict:
     import torch
-    from ..triton.torch_model import TorchEngine
+    from hkgpu_tune.serve.torch_model import TorchEngine
     import numpy as np
     eng = TorchEngine(cfg.model, batches=[cfg.batch], device="cuda:0")
     x = np.random.default_rng(0).standard_normal((cfg.batch, 3, 224, 224)).astype(eng.np_dtype)

@@ -12,7 +12,7 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass, field
 
-from ..errors import HkError
+from hkgpu_tune.core.errors import HkError
 
 MISSING = "iperf3 is not installed (Debian package iperf3): no throughput measured"
 BUSY = "the server is busy"

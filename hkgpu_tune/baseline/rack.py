@@ -16,8 +16,8 @@ import os
 import re
 import sys
 
-from ..errors import HkError
-from . import compare
+from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.baseline import compare
 
 LABEL_RE = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,252}")
@@ -89,8 +89,8 @@ def rack_table(rack: str, hosts: dict):
 
 def cli_run(args) -> int:
     """`hkgpu-tune rack baseline` (rack.cli_run hands this action over)."""
-    from .. import rack
-    from ..report import envelope
+    from hkgpu_tune.fleet import rack
+    from hkgpu_tune.core.report import envelope
     extra = rack._extravars(args.extra_vars)
     label = str(extra.get("hkgpu_baseline_label", "before"))
     if not re.fullmatch(LABEL_RE, label):

@@ -9,10 +9,10 @@ import importlib
 import os
 import sys
 
-from .. import __version__
-from ..errors import HkError
-from . import stdio
-from .context import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, Context
+from hkgpu_tune import __version__
+from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.cli import stdio
+from hkgpu_tune.cli.context import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, Context
 
 __all__ = ["main", "run", "parser", "EXIT_OK", "EXIT_ERROR", "EXIT_DRIFT", "UsageError"]
 
@@ -29,7 +29,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def _add_rack(sub) -> None:
-    from .. import rack
+    from hkgpu_tune.fleet import rack
     rack.add_parser(sub)
     sub.choices["rack"].set_defaults(run=lambda ctx: rack.cli_run(ctx.args))
 

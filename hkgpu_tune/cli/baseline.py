@@ -13,8 +13,8 @@ import socket
 import sys
 import time
 
-from ..errors import HkError
-from .context import PROFILE_HELP, EXIT_DRIFT, EXIT_OK, Context, nonempty
+from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.cli.context import PROFILE_HELP, EXIT_DRIFT, EXIT_OK, Context, nonempty
 
 DEFAULT_DIR = "/var/lib/hkgpu-tune/baseline"
 
@@ -68,8 +68,8 @@ def _warn(msg: str) -> None:
 
 
 def run_capture(ctx: Context) -> int:
-    from ..baseline import capture
-    from ..fsutil import atomic_write
+    from hkgpu_tune.baseline import capture
+    from hkgpu_tune.core.fsutil import atomic_write
     args = ctx.args
     out = args.out or _default_out()
     d = os.path.dirname(os.path.abspath(out))
@@ -117,7 +117,7 @@ def _summary(ctx: Context, snap: dict, out: str) -> None:
 
 
 def run_serve(ctx: Context) -> int:
-    from ..baseline import iperf, settings
+    from hkgpu_tune.baseline import iperf, settings
     args = ctx.args
     port = args.port
     if port is None:
@@ -132,15 +132,15 @@ def run_serve(ctx: Context) -> int:
 
 
 def run_compare(ctx: Context) -> int:
-    from ..baseline import compare, settings
-    from ..report import envelope
+    from hkgpu_tune.baseline import compare, settings
+    from hkgpu_tune.core.report import envelope
     args = ctx.args
     cfg = settings.of(ctx.profile) if args.profile else None   # None: the after snapshot's thresholds
     before, after = compare.load(args.before), compare.load(args.after)
     cmp = compare.compare(before, after, cfg, allow_other_host=args.allow_other_host)
     chart = None
     if args.png:
-        from ..baseline.chart import chart as draw
+        from hkgpu_tune.baseline.chart import chart as draw
         chart = draw(cmp, args.png)
     for w in cmp.warnings:
         _warn(w)

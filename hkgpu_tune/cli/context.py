@@ -5,7 +5,7 @@ import argparse
 import os
 import sys
 
-from ..errors import HkError
+from hkgpu_tune.core.errors import HkError
 
 EXIT_OK, EXIT_ERROR, EXIT_DRIFT = 0, 1, 2
 PROFILE_HELP = ("profile file or shipped profile name (default: $HKGPU_TUNE_PROFILE, else "
@@ -44,15 +44,15 @@ class Context:
     def profile(self):
         """--profile > $HKGPU_TUNE_PROFILE > the node's profile > the persisted one > the shipped default."""
         if self._profile is None:
-            from ..profile import load_chosen
+            from hkgpu_tune.core.profile import load_chosen
             self._profile = load_chosen(getattr(self.args, "profile", None))
         return self._profile
 
     @property
     def engine(self):
         if self._engine is None:
-            from .. import subsystems
-            from ..engine import Engine
+            from hkgpu_tune import subsystems
+            from hkgpu_tune.tune.engine import Engine
             only, prof = self.only(), self.profile
             if only:   # a subsystem the profile has no section for: an error, never a green run of nothing
                 known = [n for n in only if n in subsystems.SECTION]
@@ -67,7 +67,7 @@ class Context:
 
     def envelope(self, data: dict, profile=True) -> dict:
         """The command's JSON: report.envelope with this command's name and profile."""
-        from ..report import envelope
+        from hkgpu_tune.core.report import envelope
         return envelope(self.command, data, self.profile if profile is True else profile)
 
     def dump(self, data: dict, profile=True) -> None:
@@ -82,7 +82,7 @@ class Context:
 
     def header(self, title: str | None = None) -> None:
         """The first line of a table report: which profile, and why."""
-        from ..profile import SOURCES
+        from hkgpu_tune.core.profile import SOURCES
         p = self.profile
         self.line(f"{title or self.command}: profile {p.label} ({SOURCES.get(p.source, p.source)})")
 

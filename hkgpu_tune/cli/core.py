@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import sys
 
-from .context import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, PROFILE_HELP, Context, nonempty, subsystem_list
+from hkgpu_tune.cli.context import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, PROFILE_HELP, Context, nonempty, subsystem_list
 
 
 def _common(p) -> None:
@@ -42,7 +42,7 @@ def add_parser(sub) -> None:
 
 
 def _write(path: str, text: str) -> None:
-    from ..fsutil import atomic_write
+    from hkgpu_tune.core.fsutil import atomic_write
     atomic_write(path, text, mode=0o644)
 
 
@@ -71,7 +71,7 @@ def _flat(prefix: str, v, out: list) -> None:
 
 def _print_facts(ctx: Context, sub: str, data) -> None:
     from rich.text import Text
-    from ..report import _key_width, _table, fmt
+    from hkgpu_tune.core.report import _key_width, _table, fmt
     rows: list = []
     _flat("", data, rows)
     t = _table(f"facts: {sub}", [("key", _key_width(k for k, _ in rows)), ("value", 0)])
@@ -81,7 +81,7 @@ def _print_facts(ctx: Context, sub: str, data) -> None:
 
 
 def run_verify(ctx: Context) -> int:
-    from .. import report
+    from hkgpu_tune.core import report
     args, eng = ctx.args, ctx.engine
     res = eng.verify()
     if args.probe and "link" in eng.by_name:
@@ -99,7 +99,7 @@ def run_verify(ctx: Context) -> int:
 
 
 def run_plan(ctx: Context) -> int:
-    from .. import report
+    from hkgpu_tune.core import report
     changes, res = ctx.engine.plan()
     if ctx.json:
         ctx.dump(report.results_doc(res, {"changes": [c.to_dict() for c in changes]}))
@@ -110,14 +110,14 @@ def run_plan(ctx: Context) -> int:
 
 
 def run_apply(ctx: Context) -> int:
-    from .. import report
+    from hkgpu_tune.core import report
     if ctx.args.dry_run:
         return run_plan(ctx)
     eng = ctx.engine
     rep = eng.apply()
     persisted = []
     if not rep.error and ctx.args.persist:
-        from ..persist import persist
+        from hkgpu_tune.tune.persist import persist
         persisted = persist(eng, ctx.args.root, profile_path=ctx.profile.path)
     if ctx.json:
         ctx.dump(report.results_doc(rep.results, {"changes": [c.to_dict() for c in rep.changes],
@@ -143,10 +143,10 @@ def run_apply(ctx: Context) -> int:
 
 
 def run_rollback(ctx: Context) -> int:
-    from ..engine import Engine
-    from ..errors import ProfileError
-    from ..profile import Profile
-    from ..report import fmt
+    from hkgpu_tune.tune.engine import Engine
+    from hkgpu_tune.core.errors import ProfileError
+    from hkgpu_tune.core.profile import Profile
+    from hkgpu_tune.core.report import fmt
     try:
         profile = ctx.profile
     except ProfileError as e:

@@ -1,8 +1,8 @@
 """`hkgpu-tune mps start|stop|status` (hosts without systemd too) and `hkgpu-tune placement --gpu N`."""
 from __future__ import annotations
 
-from ..errors import HkError
-from .context import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, PROFILE_HELP, Context, nonempty
+from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.cli.context import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, PROFILE_HELP, Context, nonempty
 
 
 def add_parser(sub) -> None:
@@ -19,9 +19,9 @@ def add_parser(sub) -> None:
 
 
 def run_mps(ctx: Context) -> int:
-    from ..backends import Backends
-    from ..report import fmt
-    from ..subsystems.mps import Plugin
+    from hkgpu_tune.backends import Backends
+    from hkgpu_tune.core.report import fmt
+    from hkgpu_tune.subsystems.mps import Plugin
 
     args, prof = ctx.args, ctx.profile
     if prof.section("mps") is None:
@@ -53,8 +53,8 @@ def run_mps(ctx: Context) -> int:
 
 
 def run_placement(ctx: Context) -> int:
-    from ..backends import Backends
-    from ..subsystems.affinity import format_cpulist, service_placement, unit_lines
+    from hkgpu_tune.backends import Backends
+    from hkgpu_tune.subsystems.affinity import format_cpulist, service_placement, unit_lines
 
     args = ctx.args
     b = Backends()

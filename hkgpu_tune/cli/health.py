@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from .context import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, Context, nonempty
+from hkgpu_tune.cli.context import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, Context, nonempty
 
 
 def add_parser(sub) -> None:
@@ -18,11 +18,11 @@ def add_parser(sub) -> None:
 
 
 def run_health(ctx: Context) -> int:
-    from .. import health
-    from ..report import envelope
+    from hkgpu_tune.observe import health
+    from hkgpu_tune.core.report import envelope
     prof = ctx.profile
     cfg = health.config_of(prof)
-    from ..backends.nvml import Nvml, replay_from_env
+    from hkgpu_tune.backends.nvml import Nvml, replay_from_env
     nvml = replay_from_env() or Nvml()     # $HKGPU_TUNE_NVML_REPLAY: a recorded host
     try:
         rep = health.run(prof, cfg, ctx.args.state_dir, hooks=not ctx.args.no_hooks, nvml=nvml)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from .context import EXIT_OK, Context
+from hkgpu_tune.cli.context import EXIT_OK, Context
 
 
 def add_parser(sub) -> None:
@@ -23,12 +23,12 @@ def add_parser(sub) -> None:
 
 
 def _full_parser() -> argparse.ArgumentParser:
-    from . import parser
+    from hkgpu_tune.cli import parser
     return parser([])   # no command named: every group is added
 
 
 def run_completion(ctx: Context) -> int:
-    from ..errors import HkError
+    from hkgpu_tune.core.errors import HkError
     try:
         import shtab
     except ImportError:
@@ -86,7 +86,7 @@ def _section(path: str, p: argparse.ArgumentParser, help_text: str, out: list) -
 
 
 def manpage(p: argparse.ArgumentParser) -> str:
-    from .. import __version__
+    from hkgpu_tune import __version__
     date = time.strftime("%Y-%m-%d", time.gmtime())
     out = [f'.TH HKGPU\\-TUNE 1 "{date}" "hkgpu-tune {_esc(__version__)}" "User Commands"',
            ".SH NAME", "hkgpu\\-tune \\- " + _esc(p.description or ""),

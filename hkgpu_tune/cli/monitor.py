@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 
-from .context import EXIT_DRIFT, EXIT_OK, Context, nonempty
+from hkgpu_tune.cli.context import EXIT_DRIFT, EXIT_OK, Context, nonempty
 
 
 def add_parser(sub) -> None:
@@ -19,13 +19,13 @@ def add_parser(sub) -> None:
 
 
 def run_export(ctx: Context) -> int:
-    from .. import report
-    from ..export import check_dir, export, textfile_dir
+    from hkgpu_tune.core import report
+    from hkgpu_tune.observe.export import check_dir, export, textfile_dir
     a = ctx.args
     check_dir(textfile_dir(a.textfile_dir))   # before the profile and the engine: fail fast
-    from ..backends.nvml import replay_from_env
-    from ..collect import Sources
-    from ..profile import resolve_profile
+    from hkgpu_tune.backends.nvml import replay_from_env
+    from hkgpu_tune.observe.collect import Sources
+    from hkgpu_tune.core.profile import resolve_profile
     src = Sources()
     nvml = replay_from_env()        # $HKGPU_TUNE_NVML_REPLAY, as health ($HKGPU_TUNE_KMSG_REPLAY: collect.kmsg)
     if nvml is not None:            # verify's gpu subsystem and the collectors read the same recording

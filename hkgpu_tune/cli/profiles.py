@@ -1,7 +1,7 @@
 """hkgpu-tune profiles list | show [NAME]: the shipped profiles, the node's, and the one in effect."""
 from __future__ import annotations
 
-from .context import EXIT_OK, Context, nonempty
+from hkgpu_tune.cli.context import EXIT_OK, Context, nonempty
 
 
 def add_parser(sub) -> None:
@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
 
 def _entries() -> list[dict]:
     import os
-    from ..profile import NODE_FILE, PERSIST_FILE, choose_profile, etc_dir, resolve_profile, shipped_profiles
+    from hkgpu_tune.core.profile import NODE_FILE, PERSIST_FILE, choose_profile, etc_dir, resolve_profile, shipped_profiles
 
     used = choose_profile(None)
     out = []
@@ -40,8 +40,8 @@ def _entries() -> list[dict]:
 
 
 def _description(path: str) -> str:
-    from ..errors import ProfileError
-    from ..profile import load_profile
+    from hkgpu_tune.core.errors import ProfileError
+    from hkgpu_tune.core.profile import load_profile
     try:
         return load_profile(path).description
     except ProfileError as e:
@@ -50,7 +50,7 @@ def _description(path: str) -> str:
 
 def run_list(ctx: Context) -> int:
     from rich.text import Text
-    from ..report import _table
+    from hkgpu_tune.core.report import _table
 
     rows = _entries()
     for e in rows:
@@ -67,7 +67,7 @@ def run_list(ctx: Context) -> int:
 
 
 def run_show(ctx: Context) -> int:
-    from ..profile import SOURCES, default_profile_path, load_chosen, read_profile_file
+    from hkgpu_tune.core.profile import SOURCES, default_profile_path, load_chosen, read_profile_file
 
     prof = load_chosen(ctx.args.name)   # refused here when it does not parse: the error names file:line
     ctx._profile = prof

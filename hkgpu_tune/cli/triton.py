@@ -17,9 +17,9 @@ import shlex
 import sys
 import time
 
-from ..errors import HkError
-from ..report import fmt
-from .context import EXIT_ERROR, EXIT_OK, PROFILE_HELP, Context, nonempty
+from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.core.report import fmt
+from hkgpu_tune.cli.context import EXIT_ERROR, EXIT_OK, PROFILE_HELP, Context, nonempty
 
 
 def add_parser(sub) -> None:
@@ -81,7 +81,7 @@ def add_parser(sub) -> None:
 
 
 def _preferred(v: str) -> list[str]:
-    from ..triton.sweep import preferred_choices
+    from hkgpu_tune.serve.sweep import preferred_choices
     return preferred_choices(v)
 
 
@@ -97,7 +97,7 @@ def _ints(v: str) -> list[int]:
 
 
 def _section(ctx: Context):
-    from ..subsystems import triton
+    from hkgpu_tune.subsystems import triton
     t = triton.section(ctx.profile)  # with the mps section's directories where MPS runs
     if t is None:
         raise HkError(f"{ctx.profile.label}: the profile has no triton: section")
@@ -105,7 +105,7 @@ def _section(ctx: Context):
 
 
 def _backends():
-    from ..backends import Backends
+    from hkgpu_tune.backends import Backends
     return Backends()  # NVML for the GPU's name (plan cache key) and the placement
 
 
@@ -120,7 +120,7 @@ def _out(ctx: Context, doc: dict, text: str, profile=True, header=True) -> None:
 
 
 def run_export(ctx: Context) -> int:
-    from ..triton import tensorrt
+    from hkgpu_tune.serve import tensorrt
     a = ctx.args
     info = tensorrt.export_torchvision(a.model, a.output, image_size=a.image_size, opset=a.opset)
     _out(ctx, info, f"wrote {info['path']} ({info['model']}, input {fmt(info['input'])}, random weights)",
@@ -129,7 +129,7 @@ def run_export(ctx: Context) -> int:
 
 
 def run_render(ctx: Context) -> int:
-    from ..triton import render
+    from hkgpu_tune.serve import render
     t = _section(ctx)
     b = _backends()
     try:
@@ -142,7 +142,7 @@ def run_render(ctx: Context) -> int:
 
 
 def run_unit(ctx: Context) -> int:
-    from ..triton import launch
+    from hkgpu_tune.serve import launch
     t = _section(ctx)
     b = _backends()
     try:
@@ -152,14 +152,14 @@ def run_unit(ctx: Context) -> int:
     if ctx.json:
         ctx.dump({"unit": unit})
     else:   # a unit file: the profile as a comment
-        from ..profile import SOURCES
+        from hkgpu_tune.core.profile import SOURCES
         print(f"# hkgpu-tune triton unit: profile {ctx.profile.label} ({SOURCES.get(ctx.profile.source)})")
         print(unit, end="")
     return EXIT_OK
 
 
 def run_command(ctx: Context) -> int:
-    from ..triton import launch
+    from hkgpu_tune.serve import launch
     t = _section(ctx)
     b = _backends()
     try:
@@ -167,7 +167,7 @@ def run_command(ctx: Context) -> int:
     finally:
         b.close()
     if not ctx.json:   # stdout is the command line itself (for $(...)): the profile goes to stderr
-        from ..profile import SOURCES
+        from hkgpu_tune.core.profile import SOURCES
         print(f"triton command: profile {ctx.profile.label} ({SOURCES.get(ctx.profile.source)})",
               file=sys.stderr)
     _out(ctx, {"argv": argv, "env": launch.server_env(t) if t.launch == "binary" else {}}, shlex.join(argv),
@@ -176,7 +176,7 @@ def run_command(ctx: Context) -> int:
 
 
 def run_build(ctx: Context) -> int:
-    from ..triton import tensorrt
+    from hkgpu_tune.serve import tensorrt
     t = _section(ctx)
     b = _backends()
     try:
@@ -188,7 +188,7 @@ def run_build(ctx: Context) -> int:
 
 
 def run_stop(ctx: Context) -> int:
-    from ..triton import launch
+    from hkgpu_tune.serve import launch
     t = _section(ctx)
     b = _backends()
     try:
@@ -202,7 +202,7 @@ def run_stop(ctx: Context) -> int:
 
 
 def run_start(ctx: Context) -> int:
-    from ..triton import gate, launch, render
+    from hkgpu_tune.serve import gate, launch, render
     a = ctx.args
     t = _section(ctx)
     t0 = time.monotonic()
@@ -231,7 +231,7 @@ def run_start(ctx: Context) -> int:
 
 
 def run_gate(ctx: Context) -> int:
-    from ..triton import gate
+    from hkgpu_tune.serve import gate
     a = ctx.args
     t = _section(ctx)
     rep = gate.run_gate(t, p99_ms=a.p99_ms, requests=a.requests, concurrency=a.concurrency,
@@ -247,7 +247,7 @@ def _verdict(rep) -> str:
 
 
 def run_sweep(ctx: Context) -> int:
-    from ..triton import sweep
+    from hkgpu_tune.serve import sweep
     a = ctx.args
     t = _section(ctx)
     name = a.model or t.models[0].name

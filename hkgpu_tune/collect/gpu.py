@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 
-from ..backends.nvml import EVENT_REASONS, HEALTH
-from . import Family
+from hkgpu_tune.backends.nvml import EVENT_REASONS, HEALTH
+from hkgpu_tune.observe.collect import Family
 
 KEYS = ("name", "uuid", "pci_bus_id", "pcie") + tuple(HEALTH)
 REASONS = tuple(n for _, n in EVENT_REASONS)
@@ -18,7 +18,7 @@ REASONS = tuple(n for _, n in EVENT_REASONS)
 def _nvml(nvml):
     if nvml is not None:
         return nvml
-    from ..backends.nvml import Nvml, ReplayNvml
+    from hkgpu_tune.backends.nvml import Nvml, ReplayNvml
     if not any(os.path.exists(p) for p in ("/proc/driver/nvidia", "/dev/nvidiactl")):
         # no driver loaded: say so without importing pynvml (~50 ms on every export of a CPU node)
         return ReplayNvml.missing("no NVIDIA driver loaded (/proc/driver/nvidia, /dev/nvidiactl)")
@@ -91,7 +91,7 @@ def families(gpus: list[dict]) -> list[Family]:
 
 
 def run(profile, src):
-    from ..errors import UnsupportedError
+    from hkgpu_tune.core.errors import UnsupportedError
     try:
         gpus = read(src.nvml)
     except UnsupportedError as e:

@@ -16,7 +16,7 @@ import re
 import shutil
 import subprocess
 
-from . import Family
+from hkgpu_tune.observe.collect import Family
 
 KMSG_RE = re.compile(r"(\d+),(\d+),(\d+),[^;]*;(.*)")
 DMESG_RE = re.compile(r"\[\s*(\d+\.\d+)\]\s?(.*)")

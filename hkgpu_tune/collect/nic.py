@@ -15,7 +15,7 @@ import re
 import shutil
 import subprocess
 
-from . import Family
+from hkgpu_tune.observe.collect import Family
 
 STATS = ("rx_dropped", "tx_dropped", "rx_errors", "tx_errors", "rx_packets", "tx_packets", "rx_bytes", "tx_bytes")
 # one pattern for the per-queue forms: rx_queue_N_x | rxN_x | rx-N.x | [N]: rx_x

@@ -15,7 +15,7 @@ import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from . import Family
+from hkgpu_tune.observe.collect import Family
 
 TIME_RE = re.compile(r"\bicmp_seq=(\d+)\b.*\btime[=<]([0-9.]+) ms")
 SENT_RE = re.compile(r"(\d+) packets transmitted")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from . import Family
+from hkgpu_tune.observe.collect import Family
 
 _CAMEL = re.compile(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])")
 

@@ -26,11 +26,11 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from ..errors import ApplyError, HkError, UnsupportedError
-from ..match import matches
-from ..profile import IFNAME_RE, MAC_RE, PCI_RE, Match
-from ..report import DRIFT, OK, UNSUPPORTED
-from .base import Subsystem
+from hkgpu_tune.core.errors import ApplyError, HkError, UnsupportedError
+from hkgpu_tune.core.match import matches
+from hkgpu_tune.core.profile import IFNAME_RE, MAC_RE, PCI_RE, Match
+from hkgpu_tune.core.report import DRIFT, OK, UNSUPPORTED
+from hkgpu_tune.subsystems.base import Subsystem
 
 PCI_ADDR = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 IRQBALANCE_FILES = ("/etc/default/irqbalance", "/etc/sysconfig/irqbalance")

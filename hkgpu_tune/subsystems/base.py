@@ -2,7 +2,7 @@
 plan() -> [Change], apply(change), restore(change), verify() -> [Result]."""
 from __future__ import annotations
 
-from ..report import DRIFT, Change, Result
+from hkgpu_tune.core.report import DRIFT, Change, Result
 
 
 class Subsystem:

@@ -1,10 +1,10 @@
 """NIC channels (RSS queues), ring sizes and offloads."""
 from __future__ import annotations
 
-from ..errors import HkError, UnsupportedError
-from ..report import DRIFT, ERROR, OK, UNSUPPORTED
-from ..match import could_match, find, identity, matched, resolve
-from .base import Subsystem
+from hkgpu_tune.core.errors import HkError, UnsupportedError
+from hkgpu_tune.core.report import DRIFT, ERROR, OK, UNSUPPORTED
+from hkgpu_tune.core.match import could_match, find, identity, matched, resolve
+from hkgpu_tune.subsystems.base import Subsystem
 
 
 def _want(v, maximum):

@@ -17,9 +17,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ..errors import ApplyError, HkError, UnsupportedError
-from ..report import DRIFT, ERROR, OK, UNSUPPORTED
-from .base import Subsystem
+from hkgpu_tune.core.errors import ApplyError, HkError, UnsupportedError
+from hkgpu_tune.core.report import DRIFT, ERROR, OK, UNSUPPORTED
+from hkgpu_tune.subsystems.base import Subsystem
 
 PERSISTENCED = "nvidia-persistenced"
 PERSISTENCED_UNIT = "nvidia-persistenced.service"
@@ -122,7 +122,7 @@ class Plugin(Subsystem):
         return state
 
     def facts(self) -> dict:
-        from ..backends.nvml import ALL
+        from hkgpu_tune.backends.nvml import ALL
         try:
             info = self.b.nvml.info()
             gpus = [self.b.nvml.gpu(i, ALL) for i in range(info["count"])]

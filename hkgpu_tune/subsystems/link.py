@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import ipaddress
 
-from ..errors import ApplyError
-from ..match import could_match, find, identity, matched, matches, resolve  # noqa: F401 - matches/matched: one import site
-from ..report import DRIFT, ERROR, OK, UNSUPPORTED
-from .base import Subsystem
+from hkgpu_tune.core.errors import ApplyError
+from hkgpu_tune.core.match import could_match, find, identity, matched, matches, resolve  # noqa: F401 - matches/matched: one import site
+from hkgpu_tune.core.report import DRIFT, ERROR, OK, UNSUPPORTED
+from hkgpu_tune.subsystems.base import Subsystem
 
 # a don't-fragment ping of MTU - header bytes fills the MTU: IPv4 20 + ICMP 8, IPv6 40 + ICMPv6 8
 HEADER = {4: 28, 6: 48}

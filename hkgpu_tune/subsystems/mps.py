@@ -29,11 +29,11 @@ import re
 import shlex
 from dataclasses import dataclass
 
-from ..backends.mps import CONTROL, SAFE_DIR_ROOTS, dir_state, ensure_dir, mps_env, safe_root, set_dir_mode
-from ..errors import HkError, UnsupportedError
-from ..report import DRIFT, ERROR, OK, UNSUPPORTED
-from .base import Subsystem
-from .gpu import parse_gpus, select
+from hkgpu_tune.backends.mps import CONTROL, SAFE_DIR_ROOTS, dir_state, ensure_dir, mps_env, safe_root, set_dir_mode
+from hkgpu_tune.core.errors import HkError, UnsupportedError
+from hkgpu_tune.core.report import DRIFT, ERROR, OK, UNSUPPORTED
+from hkgpu_tune.subsystems.base import Subsystem
+from hkgpu_tune.subsystems.gpu import parse_gpus, select
 
 SIZE_RE = r"[0-9]{1,6}[KMGT]?"
 DIR_MODES = {"pipe_dir": 0o755, "log_dir": 0o750}
@@ -178,7 +178,7 @@ class Plugin(Subsystem):
     def mps(self):
         m = self.b.__dict__.get("mps")
         if m is None:
-            from ..backends.mps import MpsControl
+            from hkgpu_tune.backends.mps import MpsControl
             m = self.b.__dict__["mps"] = MpsControl(self.b.cmd)
         return m
 

@@ -1,10 +1,10 @@
 """Queueing discipline on each interface: the root, and the child of every mq transmit queue."""
 from __future__ import annotations
 
-from ..errors import ApplyError
-from ..report import DRIFT, OK, UNSUPPORTED
-from ..match import could_match, find, identity, matched, resolve
-from .base import Subsystem
+from hkgpu_tune.core.errors import ApplyError
+from hkgpu_tune.core.report import DRIFT, OK, UNSUPPORTED
+from hkgpu_tune.core.match import could_match, find, identity, matched, resolve
+from hkgpu_tune.subsystems.base import Subsystem
 
 
 class Plugin(Subsystem):

@@ -4,10 +4,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..errors import HkError, ProfileError, UnsupportedError
-from ..normalize import at_least, same
-from ..report import DRIFT, ERROR, OK, UNSUPPORTED
-from .base import Subsystem
+from hkgpu_tune.core.errors import HkError, ProfileError, UnsupportedError
+from hkgpu_tune.core.normalize import at_least, same
+from hkgpu_tune.core.report import DRIFT, ERROR, OK, UNSUPPORTED
+from hkgpu_tune.subsystems.base import Subsystem
 
 # ---------------------------------------------------------------- tcp_buffers: sizes from the path
 SEED_FLOOR = 268435456      # the seed's rmem_max/wmem_max and tcp_rmem/tcp_wmem maximum
@@ -100,7 +100,7 @@ def buffer_settings(profile):
     """The profile's sysctl settings with the four buffer keys set from tcp_buffers (which decides
     them: a value in the sysctl section is replaced, its min/default fields kept); and
     {key: the arithmetic} for the reasons."""
-    from ..profile import SysctlSetting
+    from hkgpu_tune.core.profile import SysctlSetting
     settings = list(profile.sysctl)
     got = derive_buffer(profile)
     if got is None:

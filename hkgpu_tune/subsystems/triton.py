@@ -26,9 +26,9 @@ import os
 import shutil
 from dataclasses import dataclass, field, replace
 
-from ..errors import ApplyError, HkError
-from ..report import DRIFT, ERROR, OK, UNSUPPORTED
-from .base import Subsystem
+from hkgpu_tune.core.errors import ApplyError, HkError
+from hkgpu_tune.core.report import DRIFT, ERROR, OK, UNSUPPORTED
+from hkgpu_tune.subsystems.base import Subsystem
 
 NAME_RE = r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}"
 USER_RE = r"[a-z_][a-z0-9_-]{0,31}"
@@ -243,7 +243,7 @@ CONTAINER_NO_HKBATCH = "the container form runs the image's Python; hkbatch embe
 
 def choose_backend(build: Build, container: bool = False) -> tuple[str, str]:
     """(hkbatch | python, why) for the torch engine: hkbatch where it can be built and embed Python."""
-    from ..triton import batch_backend
+    from hkgpu_tune.serve import batch_backend
     if build.backend != "auto":
         return build.backend, f"asked for (backend: {build.backend})"
     if container:
@@ -418,7 +418,7 @@ def check_models(t: Triton) -> Triton:
     imports no service code."""
     if getattr(t, "_checked", False):
         return t
-    from ..triton import render
+    from hkgpu_tune.serve import render
     for m in t.models:
         if m.item is not None:
             render.check_config(m.config, m.nodes, m.item)
@@ -463,7 +463,7 @@ class Plugin(Subsystem):
         return t
 
     def read(self) -> dict:
-        from ..triton import client, launch, render
+        from hkgpu_tune.serve import client, launch, render
         t = self.t
         state = {"repository": render.repository_state(t), "service": launch.status(t, self.b),
                  "engines": {m.name: engine_facts(m) for m in t.models if m.engine},
@@ -494,12 +494,12 @@ class Plugin(Subsystem):
         return state
 
     def _ref(self) -> dict:
-        from ..triton import launch
+        from hkgpu_tune.serve import launch
         return launch.ServiceRef.of(self.t, self.b).to_dict()
 
     def _mps_clients(self, t) -> dict:
         """Triton's processes against NVML's MPS client list of its GPU."""
-        from ..triton import launch
+        from hkgpu_tune.serve import launch
         pids = launch.server_pids(t, self.b)
         try:
             procs = self.b.nvml.processes(t.gpu)
@@ -509,7 +509,7 @@ class Plugin(Subsystem):
                 "own": sorted(set(pids) & set(procs["compute"]) - set(procs["mps"]))}
 
     def compare(self, state: dict):
-        from ..triton import redeploy, render
+        from hkgpu_tune.serve import redeploy, render
         t, res = self.t, []
         ref = state.get("ref") or self._ref()
         for name, e in state.get("engines", {}).items():
@@ -597,7 +597,7 @@ class Plugin(Subsystem):
 
     # ------------------------------------------------------------ apply
     def write(self, target, key, value, data):
-        from ..triton import launch, redeploy, render
+        from hkgpu_tune.serve import launch, redeploy, render
         if key == "repository":
             if data.get("existed"):
                 redeploy.save(data["model_dir"], data["backup"])
@@ -619,7 +619,7 @@ class Plugin(Subsystem):
         """Bring the running server to what was written (a load per changed model through the
         repository API; a restart only when its unit or command changed), then the gate (warm-up,
         load, p99 under the SLO). A failed load or gate puts the previous models back before it fails."""
-        from ..triton import gate, launch, redeploy
+        from hkgpu_tune.serve import gate, launch, redeploy
         t = self.t
         started = any(c.key == "service" for c in changes)
         reload = [c for c in changes if c.key in ("repository", "served_config")]
@@ -674,7 +674,7 @@ class Plugin(Subsystem):
 
     def _undo_restart(self, restart, reload) -> str:
         """After a restart that failed its gate: the previous files, unit or command, and a restart."""
-        from ..triton import launch
+        from hkgpu_tune.serve import launch
         t = self.t
         try:
             for ch in reload:
@@ -695,14 +695,14 @@ class Plugin(Subsystem):
 
     # ------------------------------------------------------------ restore (from the saved record only)
     def _put_files_back(self, ch) -> str:
-        from ..triton import redeploy
+        from hkgpu_tune.serve import redeploy
         d = ch.data
         redeploy.check_record(d)
         return redeploy.put_back(d["model_dir"], d["backup"], d["existed"], d.get("original"))
 
     def _restore_model(self, ch) -> None:
         """A model as it was before: its directory back, and loaded (or unloaded) where the server runs."""
-        from ..triton import launch
+        from hkgpu_tune.serve import launch
         d = ch.data
         ref = launch.ServiceRef.from_dict(d["service"])
         if ch.key == "repository":
@@ -721,7 +721,7 @@ class Plugin(Subsystem):
             c.close()
 
     def _restore_launch(self, ch) -> None:
-        from ..triton import launch
+        from hkgpu_tune.serve import launch
         ref = launch.ServiceRef.from_dict(ch.data["service"])
         if ch.key == "unit":
             before = ch.data.get("before")
@@ -734,7 +734,7 @@ class Plugin(Subsystem):
             launch.respawn(ref, ch.data["before"], self.b)
 
     def restore(self, change):
-        from ..triton import launch, redeploy
+        from hkgpu_tune.serve import launch, redeploy
         d = change.data
         if d.get("restored"):  # put back already, by the failed gate
             return
@@ -748,7 +748,7 @@ class Plugin(Subsystem):
             self._restore_launch(change)
 
     def facts(self) -> dict:
-        from ..triton import launch
+        from hkgpu_tune.serve import launch
         st = self.read()
         st["placement"] = launch.placement(self.t, self.b)
         return st

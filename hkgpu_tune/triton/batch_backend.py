@@ -16,8 +16,8 @@ import sys
 import sysconfig
 import tempfile
 
-from ..errors import HkError
-from ..fsutil import atomic_write
+from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.core.fsutil import atomic_write
 
 NAME = "hkbatch"
 LIBRARY = f"libtriton_{NAME}.so"
@@ -149,7 +149,7 @@ def install(model_dir: str) -> bool:
 
 
 def main() -> int:
-    """python -m hkgpu_tune.triton.batch_backend DIR: build DIR/libtriton_hkbatch.so (for PREBUILT)."""
+    """python -m hkgpu_tune.serve.batch_backend DIR: build DIR/libtriton_hkbatch.so (for PREBUILT)."""
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(PREBUILT)
     install(out)
     with open(os.path.join(out, LIBRARY + ".sha256")) as f:

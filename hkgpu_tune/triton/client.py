@@ -14,7 +14,7 @@ import math
 import socket
 import struct
 
-from ..errors import HkError
+from hkgpu_tune.core.errors import HkError
 
 # bytes per element of Triton's data types (BYTES is length-prefixed)
 SIZES = {"BOOL": 1, "UINT8": 1, "UINT16": 2, "UINT32": 4, "UINT64": 8, "INT8": 1, "INT16": 2, "INT32": 4,

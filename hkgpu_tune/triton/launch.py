@@ -22,9 +22,9 @@ import sysconfig
 import time
 from dataclasses import asdict, dataclass
 
-from ..errors import HkError, UnsupportedError
-from ..fsutil import atomic_write
-from . import client
+from hkgpu_tune.core.errors import HkError, UnsupportedError
+from hkgpu_tune.core.fsutil import atomic_write
+from hkgpu_tune.serve import client
 
 PID_FILE = "tritonserver.json"
 LOG_FILE = "tritonserver.log"
@@ -100,7 +100,7 @@ def server_env(t) -> dict[str, str]:
         env["LD_LIBRARY_PATH"] = ":".join(p for p in libs if p)
         env["PYTHONPATH"] = sysconfig.get_paths()["purelib"]
     if any(m.backend == "hkbatch" for m in t.models):   # it embeds this Python in the server
-        from . import batch_backend
+        from hkgpu_tune.serve import batch_backend
         for k, v in batch_backend.server_env().items():
             env[k] = ":".join(dict.fromkeys([*env[k].split(":"), *v.split(":")])) if k == "PYTHONPATH" and k in env else v
     if t.gpu is not None:
@@ -134,19 +134,19 @@ def server_args(t, repository: str | None = None) -> list[str]:
 # ---------------------------------------------------------------- placement
 def cpu_list(cpus) -> str:
     """[0,1,2,5] -> '0-2,5' (the form systemd and docker read)."""
-    from ..subsystems.affinity import format_cpulist
+    from hkgpu_tune.subsystems.affinity import format_cpulist
     return format_cpulist(int(c) for c in cpus)
 
 
 def placement(t, backends=None) -> dict:
     """CPUs and NUMA nodes local to the service's GPU, from the affinity subsystem."""
     try:
-        from ..subsystems.affinity import service_placement
+        from hkgpu_tune.subsystems.affinity import service_placement
     except ImportError:
         service_placement = None
     if service_placement is not None and t.gpu is not None:
         if backends is None:
-            from ..backends import Backends
+            from hkgpu_tune.backends import Backends
             backends = Backends()
         try:
             p = dict(service_placement(backends, t.gpu))
@@ -291,7 +291,7 @@ class ServiceRef:
 
 def _b(backends):
     if backends is None:
-        from ..backends import Backends
+        from hkgpu_tune.backends import Backends
         backends = Backends()
     return backends
 
@@ -513,8 +513,8 @@ def start(t, backends=None, place: dict | None = None) -> dict:
     cur = status(t, backends)
     if cur["active"]:
         return cur
-    from ..subsystems.triton import check_models
-    from . import render
+    from hkgpu_tune.subsystems.triton import check_models
+    from hkgpu_tune.serve import render
     check_models(t)
     if t.launch == "binary":
         server_binary(t)
@@ -715,7 +715,7 @@ def stop(t, backends=None, timeout: float | None = None) -> dict:
     pid = st["pid"]
     t0 = time.monotonic()
     if st.get("launch") == "container":
-        from ..backends.command import Command
+        from hkgpu_tune.backends.command import Command
         Command().run([t.runtime, "stop", "--time", str(int(timeout) + STOP_GRACE_S), t.unit],
                       timeout=timeout + 2 * STOP_GRACE_S)
     try:

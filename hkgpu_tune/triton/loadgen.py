@@ -29,7 +29,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 
-from ..errors import HkError
+from hkgpu_tune.core.errors import HkError
 
 LAG_TICK_S = 0.005        # the event-loop lag probe's sleep
 # the client, not the server, set the figures when one of its processes was this busy ...
@@ -81,7 +81,7 @@ def percentile(values, q: float) -> float:
 
 def _infer_header(spec: LoadSpec, region: str | None) -> bytes:
     if spec.request:
-        from . import client
+        from hkgpu_tune.serve import client
         return client.infer_header(spec.request, [spec.output_name] if spec.output_name else ())
     params = ({"shared_memory_region": region, "shared_memory_byte_size": spec.nbytes} if region
               else {"binary_data_size": spec.nbytes})
@@ -289,7 +289,7 @@ def _worker(spec_d: dict, idx: int, start_at: float, region: str | None, q) -> N
 def _triton_stats(spec: LoadSpec) -> dict | None:
     if not spec.metrics_port:
         return None
-    from . import client
+    from hkgpu_tune.serve import client
     want = ("nv_inference_request_success", "nv_inference_count", "nv_inference_exec_count",
             "nv_inference_queue_duration_us", "nv_inference_compute_infer_duration_us",
             "nv_inference_compute_input_duration_us", "nv_inference_compute_output_duration_us",
@@ -315,7 +315,7 @@ class SharedInput:
 
     def __init__(self, spec: LoadSpec):
         from multiprocessing import shared_memory
-        from . import client
+        from hkgpu_tune.serve import client
         self.name = f"hkgpu-{uuid.uuid4().hex[:12]}"
         self.shm = shared_memory.SharedMemory(name=self.name, create=True, size=spec.nbytes)
         self.c = client.Client(spec.host, spec.port, timeout=10)

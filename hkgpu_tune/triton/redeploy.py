@@ -19,7 +19,7 @@ import re
 import shutil
 import time
 
-from ..errors import HkError, StateError
+from hkgpu_tune.core.errors import HkError, StateError
 
 PREVIOUS = "previous"
 

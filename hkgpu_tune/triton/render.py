@@ -13,8 +13,8 @@ import os
 import re
 import shutil
 
-from ..errors import HkError
-from ..fsutil import atomic_write
+from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.core.fsutil import atomic_write
 
 # the file name Triton looks for in a version directory, per backend or platform
 DEFAULT_FILE = {
@@ -250,7 +250,7 @@ def model_state(t, model) -> dict:
     current = "absent" if have_cfg is None and have_file is None else f"{have_cfg or '-'}/{have_file or '-'}"
     out = {"current": current, "desired": f"{want_cfg}/{want_file}", "reason": "; ".join(reasons)}
     if model.backend == "hkbatch":   # its library, built from the source this package carries
-        from . import batch_backend
+        from hkgpu_tune.serve import batch_backend
         ok, why = batch_backend.available()
         want_lib = batch_backend.source_sha()[:12]
         have_lib = batch_backend.installed_sha(d)
@@ -264,7 +264,7 @@ def model_state(t, model) -> dict:
         if not ok and (have_lib != want_lib or batch_backend.python_library() is None):
             out["unsupported"] = f"the hkbatch backend: {why}"
     if model.build and model.engine == "tensorrt" and have_file is None:
-        from . import tensorrt
+        from hkgpu_tune.serve import tensorrt
         if tensorrt.trtexec_path() is None:
             out["unsupported"] = tensorrt.TRTEXEC_MISSING
     return out
@@ -290,11 +290,11 @@ def write_model(t, model, backends=None) -> list[str]:
                 _atomic_write(target, src)
             written.append(target)
     if model.backend == "hkbatch":
-        from . import batch_backend
+        from hkgpu_tune.serve import batch_backend
         if batch_backend.install(d):
             written.append(os.path.join(d, batch_backend.LIBRARY))
     if not model.model_file and model.build:
-        from . import tensorrt
+        from hkgpu_tune.serve import tensorrt
         if tensorrt.build_plan(model.build, target, model, backends, gpu=t.gpu).built:
             written.append(target)
     return written

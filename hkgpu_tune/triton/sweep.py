@@ -25,9 +25,9 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 
-from hkgpu_tune.errors import HkError
-from hkgpu_tune.triton import client, loadgen, plain
-from hkgpu_tune.triton.sweep_out import chart, table  # noqa: F401  (the CLI's sweep.table, sweep.chart)
+from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.serve import client, loadgen, plain
+from hkgpu_tune.serve.sweep_out import chart, table  # noqa: F401  (the CLI's sweep.table, sweep.chart)
 
 PER_LEVEL_OVERHEAD_S = 1.5   # process start and the warm-up part of each load run
 
@@ -148,7 +148,7 @@ SWEEP_EXIT_S = 10.0
 
 def sweep_section(t, workdir: str, mps: bool):
     """The profile's triton section, moved to free loopback ports and a repository of its own."""
-    from ..subsystems.triton import Endpoint
+    from hkgpu_tune.subsystems.triton import Endpoint
     http, grpc, metrics = client.free_ports(3)
     kw = dict(http=Endpoint(http), grpc=Endpoint(grpc), metrics=Endpoint(metrics),
               model_repository=os.path.join(workdir, "models"), run_dir=os.path.join(workdir, "run"),
@@ -170,7 +170,7 @@ class Server:
     """A tritonserver of the sweep's own; stopped (no process left) on close."""
 
     def __init__(self, t, workdir: str, mps: bool, backends=None):
-        from . import launch, render
+        from hkgpu_tune.serve import launch, render
         self.launch = launch
         self.t = sweep_section(t, workdir, mps)
         self.b = backends
@@ -486,10 +486,10 @@ def write_back(profile_path: str, model_name: str, rep: Report) -> str:
     when and what was measured. Nothing is written unless the result loads as the old profile with
     just those values changed, and renders the measured config under the same MPS setting."""
     import yaml
-    from ..errors import ProfileError
-    from ..fsutil import atomic_write
-    from ..profile import parse_profile_text
-    from ..subsystems.triton import section as triton_section
+    from hkgpu_tune.core.errors import ProfileError
+    from hkgpu_tune.core.fsutil import atomic_write
+    from hkgpu_tune.core.profile import parse_profile_text
+    from hkgpu_tune.subsystems.triton import section as triton_section
     if not rep.best:
         raise HkError("triton sweep: nothing to write: no config met the SLO")
     with open(profile_path, newline="") as f:   # line endings kept as they are

@@ -1,7 +1,7 @@
 """The sweep's output: the table a person reads and the chart (throughput against p99)."""
 from __future__ import annotations
 
-from hkgpu_tune.errors import HkError
+from hkgpu_tune.core.errors import HkError
 
 
 def table(rep) -> str:

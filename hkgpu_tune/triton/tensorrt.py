@@ -15,9 +15,9 @@ import shutil
 import time
 from dataclasses import dataclass
 
-from ..errors import ApplyError, HkError, UnsupportedError
-from ..fsutil import atomic_write
-from ..backends.command import Command
+from hkgpu_tune.core.errors import ApplyError, HkError, UnsupportedError
+from hkgpu_tune.core.fsutil import atomic_write
+from hkgpu_tune.backends.command import Command
 
 TRTEXEC_MISSING = "trtexec not found (TensorRT is not installed on this host); the plan cannot be built here"
 
@@ -136,7 +136,7 @@ def build_plan(build, plan: str, model, backends=None, cmd: Command | None = Non
 
 def build_model(t, model, backends=None, force: bool = False) -> BuildResult:
     """build_plan into the model repository; without trtexec a result that says it was skipped."""
-    from .render import model_filename
+    from hkgpu_tune.serve.render import model_filename
     plan = os.path.join(t.model_repository, model.name, str(model.version), model_filename(model))
     try:
         return build_plan(model.build, plan, model, backends, gpu=t.gpu, force=force)

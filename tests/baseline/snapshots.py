@@ -5,7 +5,7 @@ import json
 import os
 
 from hkgpu_tune.baseline import FORMAT, iperf
-from hkgpu_tune.collect import probe
+from hkgpu_tune.observe.collect import probe
 
 DATA = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data")
 

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from hkgpu_tune.baseline import capture, engine_bench, iperf, settings
-from hkgpu_tune.profile import parse_profile_text
+from hkgpu_tune.core.profile import parse_profile_text
 
 from .netns import Bed, sh
 
@@ -54,7 +54,7 @@ def test_trtexec_export_times_are_read(tmp_path, monkeypatch):
     fake.chmod(0o755)
     plan = tmp_path / "m.plan"
     plan.write_bytes(b"x")
-    monkeypatch.setattr("hkgpu_tune.triton.tensorrt.trtexec_path", lambda: str(fake))
+    monkeypatch.setattr("hkgpu_tune.serve.tensorrt.trtexec_path", lambda: str(fake))
     r = engine_bench.run(settings.Engine(batch=8, seconds=5, plan=str(plan)), quick=False)
     assert r["status"] == "ok" and r["tool"] == "trtexec" and len(r["img_s"]) == 5
     assert r["img_s"][0] == pytest.approx(8 * 1000 / 2.5) and r["latency_p50_ms"] == 2.5

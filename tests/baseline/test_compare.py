@@ -7,7 +7,7 @@ import pytest
 
 from hkgpu_tune.baseline import compare as cmpmod
 from hkgpu_tune.baseline import iperf, settings, stats
-from hkgpu_tune.collect import probe
+from hkgpu_tune.observe.collect import probe
 
 from .snapshots import recorded, snapshot, write
 

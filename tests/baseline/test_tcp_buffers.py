@@ -124,8 +124,8 @@ def test_tcp_buffers_without_a_sysctl_section_still_plans_and_shows_the_arithmet
 def test_persist_writes_the_derived_maxima_for_the_reboot():
     """sysctl.d gets the sizes apply set from tcp_buffers (it had only the sysctl section's keys),
     with the arithmetic as a comment."""
-    from hkgpu_tune.persist import sysctl_conf
-    from hkgpu_tune.profile import parse_profile_text
+    from hkgpu_tune.tune.persist import sysctl_conf
+    from hkgpu_tune.core.profile import parse_profile_text
     conf = sysctl_conf(parse_profile_text(WAN + "sysctl:\n  net.ipv4.tcp_mtu_probing: 1\n  net.ipv4.tcp_rmem: 4096 131072 1\n"
                                           "tcp_buffers:\n  wan: {bandwidth_gbit: 100}\n"), [])
     lines = [ln for ln in conf.splitlines() if not ln.startswith("#")]

@@ -7,8 +7,8 @@ import subprocess
 import pytest
 
 from hkgpu_tune.backends.nvml import ReplayLib, ReplayNvml, reason_names
-from hkgpu_tune.collect import Sources, collect, gpu
-from hkgpu_tune.profile import parse_profile_text
+from hkgpu_tune.observe.collect import Sources, collect, gpu
+from hkgpu_tune.core.profile import parse_profile_text
 
 FIX = os.path.join(os.path.dirname(__file__), "..", "fixtures", "gpu")
 H200 = os.path.join(FIX, "h200-health.json")
@@ -57,7 +57,7 @@ def test_faults_in_nvml_shapes():
     f = fams_of([g])
     assert sum(f["hkgpu_tune_gpu_nvml_errors"].values()) == 1
     assert list(f["hkgpu_tune_gpu_temperature_celsius"].values()) == [None]    # left out of the textfile
-    from hkgpu_tune.collect import render
+    from hkgpu_tune.observe.collect import render
     assert not [ln for ln in render(gpu.families([g])) if ln.startswith("hkgpu_tune_gpu_temperature_celsius")]
 
 

@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from hkgpu_tune.collect import Sources, kmsg
+from hkgpu_tune.observe.collect import Sources, kmsg
 from hkgpu_tune.backends.nvml import ReplayNvml
 
 HERE = os.path.dirname(__file__)

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from hkgpu_tune.collect import nic
+from hkgpu_tune.observe.collect import nic
 
 from .conftest import sh
 
@@ -58,7 +58,7 @@ def test_live_counters_match_ip_s_link(pair):
     def ip_stats():
         return json.loads(sh("ip", "-s", "-j", "link", "show", pair.a, ns=pair.A).stdout)[0]["stats64"]
     sh("ping", "-c", "3", "-i", "0.05", pair.ipb, ns=pair.A)
-    code = f"import json; from hkgpu_tune.collect import nic; print(json.dumps(nic.read([{pair.a!r}])))"
+    code = f"import json; from hkgpu_tune.observe.collect import nic; print(json.dumps(nic.read([{pair.a!r}])))"
     before = ip_stats()
     got = json.loads(sh(sys.executable, "-c", code, ns=pair.A).stdout)[pair.a]
     after = ip_stats()
@@ -71,7 +71,7 @@ def test_live_counters_match_ip_s_link(pair):
 
 @pytest.mark.root
 def test_default_devices_are_backed_by_hardware_not_veth(pair):
-    code = "import json; from hkgpu_tune.collect import nic; print(json.dumps(sorted(nic.read())))"
+    code = "import json; from hkgpu_tune.observe.collect import nic; print(json.dumps(sorted(nic.read())))"
     assert json.loads(sh(sys.executable, "-c", code, ns=pair.A).stdout) == []   # only lo and a veth there
 
 
@@ -79,8 +79,8 @@ def test_default_devices_are_backed_by_hardware_not_veth(pair):
 def test_an_interface_the_profile_names_is_read_even_a_veth(pair):
     """network.interfaces[].match.name: the collector watches what the profile tunes (a veth, bond or
     VLAN has no device link); a named interface this host lacks is left out."""
-    code = ("import json; from hkgpu_tune.collect import Sources, collect; "
-            "from hkgpu_tune.profile import parse_profile_text; "
+    code = ("import json; from hkgpu_tune.observe.collect import Sources, collect; "
+            "from hkgpu_tune.core.profile import parse_profile_text; "
             f"p = parse_profile_text('network:\\n  interfaces:\\n    - match: {{name: {pair.a}}}\\n"
             "    - match: {name: nosuch0}\\n      optional: true\\n'); "
             "r = collect(p, ['nic'])[0]; print(json.dumps([r.up, sorted(r.data['nics'])]))")

@@ -5,8 +5,8 @@ import time
 
 import pytest
 
-from hkgpu_tune.collect import probe
-from hkgpu_tune.profile import parse_profile_text
+from hkgpu_tune.observe.collect import probe
+from hkgpu_tune.core.profile import parse_profile_text
 
 from .conftest import sh
 
@@ -21,7 +21,7 @@ def in_ns(ns, code):
 
 def test_ping_between_namespaces_measures_every_reply(pair):
     s = in_ns(pair.A, f"""
-import json; from hkgpu_tune.collect.probe import ping
+import json; from hkgpu_tune.observe.collect.probe import ping
 print(json.dumps(ping({pair.ipb!r}, count=5, interval_s=0.05, timeout_s=1).to_dict()))""")
     assert s["error"] is None, s
     assert (s["sent"], s["received"], s["loss_ratio"]) == (5, 5, 0.0)
@@ -36,7 +36,7 @@ def test_unreachable_peer_is_full_loss_within_the_deadline(pair):
     # 198.18.N.99 is on the link but nobody has it: no reply, no exception
     t = time.monotonic()
     s = in_ns(pair.A, f"""
-import json; from hkgpu_tune.collect.probe import ping
+import json; from hkgpu_tune.observe.collect.probe import ping
 print(json.dumps(ping('198.18.{pair.net}.99', count=3, interval_s=0.2, timeout_s=1, deadline_s=2).to_dict()))""")
     assert time.monotonic() - t < 6
     assert s["received"] == 0 and s["loss_ratio"] == 1.0 and s["p50_ms"] is None and s["rtts_ms"] == []
@@ -46,7 +46,7 @@ def test_df_probe_bigger_than_the_mtu_fails_and_smaller_passes(pair):
     sh("ip", "-n", pair.B, "link", "set", pair.b, "mtu", "1400")
     sh("ip", "-n", pair.A, "link", "set", pair.a, "mtu", "1400")
     ok, big = in_ns(pair.A, f"""
-import json; from hkgpu_tune.collect.probe import ping
+import json; from hkgpu_tune.observe.collect.probe import ping
 a = ping({pair.ipb!r}, count=2, interval_s=0.05, size=1372, df=True).to_dict()
 b = ping({pair.ipb!r}, count=2, interval_s=0.05, size=1373, df=True, deadline_s=2).to_dict()
 print(json.dumps([a, b]))""")
@@ -63,8 +63,8 @@ network:
     - {{address: 198.18.{pair.net}.98, name: sgp-gw, rtt_ms: 35}}
 """
     res = in_ns(pair.A, f"""
-import json, time; from hkgpu_tune.collect.probe import probe_peers
-from hkgpu_tune.profile import parse_profile_text
+import json, time; from hkgpu_tune.observe.collect.probe import probe_peers
+from hkgpu_tune.core.profile import parse_profile_text
 p = parse_profile_text({prof!r}, 't.yaml')
 t = time.monotonic(); r = probe_peers(p, count=3, deadline_s=2); dt = time.monotonic() - t
 print(json.dumps([dt, [[n, k, s.to_dict()] for n, k, s in r]]))""")

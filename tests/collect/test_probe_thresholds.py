@@ -1,6 +1,6 @@
 """The probe's threshold series come from the profile (wan_peers[].rtt_ms and .jitter_ms), per peer."""
-from hkgpu_tune.collect import probe
-from hkgpu_tune.profile import parse_profile_text
+from hkgpu_tune.observe.collect import probe
+from hkgpu_tune.core.profile import parse_profile_text
 
 PROFILE = """\
 network:

@@ -4,7 +4,7 @@ import shutil
 
 import pytest
 
-from hkgpu_tune.collect import tcp
+from hkgpu_tune.observe.collect import tcp
 
 FIX = os.path.join(os.path.dirname(__file__), "..", "fixtures", "monitor")
 

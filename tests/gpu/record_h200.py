@@ -12,8 +12,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
 from hkgpu_tune.backends import Backends  # noqa: E402
 from hkgpu_tune.backends.procfs import SysFs  # noqa: E402
 from hkgpu_tune.backends.sysfs_record import RecordingSysFs, pack  # noqa: E402
-from hkgpu_tune.engine import Engine  # noqa: E402
-from hkgpu_tune.profile import load_profile  # noqa: E402
+from hkgpu_tune.tune.engine import Engine  # noqa: E402
+from hkgpu_tune.core.profile import load_profile  # noqa: E402
 
 
 def record(profile_path: str, tarball: str) -> tuple[dict, str, int]:

@@ -15,8 +15,8 @@ import pytest
 
 from hkgpu_tune.backends import Backends
 from hkgpu_tune.backends.nvml import Nvml
-from hkgpu_tune.engine import Engine
-from hkgpu_tune.profile import parse_profile_text
+from hkgpu_tune.tune.engine import Engine
+from hkgpu_tune.core.profile import parse_profile_text
 from hkgpu_tune.subsystems.affinity import service_placement
 from hkgpu_tune.subsystems.mps import Plugin as Mps
 

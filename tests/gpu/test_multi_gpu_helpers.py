@@ -7,7 +7,7 @@ import os
 import pytest
 import yaml
 
-from hkgpu_tune.profile import parse_profile_text
+from hkgpu_tune.core.profile import parse_profile_text
 from hkgpu_tune.subsystems.affinity import service_placement
 
 from tests.gpu import multi_gpu

@@ -56,8 +56,8 @@ def _descendants(pid):
 
 
 def test_torch_engine_serves_resnet50_on_the_gpu(profile):
-    from hkgpu_tune.profile import load_profile
-    from hkgpu_tune.triton import client
+    from hkgpu_tune.core.profile import load_profile
+    from hkgpu_tune.serve import client
     if shutil.which("trtexec"):
         pytest.skip("TensorRT is present: the engine chosen is TensorRT, not the torch engine")
     r = hk("triton", "start", "-p", profile, "--no-gate", "--json")

@@ -9,7 +9,7 @@ import pytest
 from hkgpu_tune.backends import Backends
 from hkgpu_tune.backends.nvml import ReplayNvml
 from hkgpu_tune.backends.procfs import SysFs
-from hkgpu_tune.profile import parse_profile_text
+from hkgpu_tune.core.profile import parse_profile_text
 
 FIX = os.path.join(os.path.dirname(__file__), "..", "fixtures", "gpu")
 
@@ -93,7 +93,7 @@ class FakeMps:
                 "default_active_thread_percentage": self.pct if self.running else None, "pids": self.processes(pipe_dir)}
 
     def send(self, pipe_dir, line):
-        from hkgpu_tune.errors import HkError
+        from hkgpu_tune.core.errors import HkError
         if not self.running:
             raise HkError("MPS control: Cannot find MPS control daemon process")
         self.sent.append(line)

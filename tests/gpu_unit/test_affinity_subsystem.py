@@ -4,7 +4,7 @@ import os
 import pytest
 
 from hkgpu_tune.backends.procfs import SysFs
-from hkgpu_tune.engine import Engine
+from hkgpu_tune.tune.engine import Engine
 from hkgpu_tune.subsystems.affinity import (format_cpulist, irq_names, nics, parse_cpulist, service_placement,
                                             set_irq_affinity)
 
@@ -142,7 +142,7 @@ def test_real_kernel_irq_affinity_write_and_restore():
         try:
             got = set_irq_affinity(fs, irq, "1")
         except Exception as e:  # noqa: BLE001 - a managed interrupt: the kernel refuses, which we report
-            from hkgpu_tune.errors import UnsupportedError
+            from hkgpu_tune.core.errors import UnsupportedError
             assert isinstance(e, UnsupportedError)
             pytest.skip(f"IRQ {irq}: {e}")
         assert got == "1" and fs.read(path) == "1"
@@ -157,6 +157,6 @@ def test_real_kernel_irq_affinity_write_and_restore():
     ("affinity:\n  services:\n    - {name: tritonserver}\n", "missing required key 'gpu'"),
 ])
 def test_affinity_profile_errors(text, msg):
-    from hkgpu_tune.errors import ProfileError
+    from hkgpu_tune.core.errors import ProfileError
     with pytest.raises(ProfileError, match=msg):
         profile(text)

@@ -7,7 +7,7 @@ import pytest
 from hkgpu_tune.backends.nvml import NO_LIBRARY, Nvml, cpus_from_masks
 from hkgpu_tune.backends.procfs import SysFs
 from hkgpu_tune.backends.sysfs_record import RecordingSysFs
-from hkgpu_tune.errors import UnsupportedError
+from hkgpu_tune.core.errors import UnsupportedError
 from hkgpu_tune.subsystems.affinity import nics
 
 

@@ -4,9 +4,9 @@ import sys
 
 import pytest
 
-from hkgpu_tune.engine import Engine
-from hkgpu_tune.errors import ProfileError
-from hkgpu_tune.report import exit_code
+from hkgpu_tune.tune.engine import Engine
+from hkgpu_tune.core.errors import ProfileError
+from hkgpu_tune.core.report import exit_code
 
 from .conftest import FakeSystemd, backends, by_key, profile
 

@@ -5,7 +5,7 @@ import pwd
 
 import pytest
 
-from hkgpu_tune.engine import Engine
+from hkgpu_tune.tune.engine import Engine
 from hkgpu_tune.subsystems.mps import Plugin, render_unit, to_bytes
 
 from .conftest import FakeMps, FakeSystemd, backends, by_key, profile
@@ -127,7 +127,7 @@ def test_library_start_stop_health(tmp_path, h200_facts):
 
 
 def test_mps_profile_errors():
-    from hkgpu_tune.errors import ProfileError
+    from hkgpu_tune.core.errors import ProfileError
     with pytest.raises(ProfileError, match="test.yaml:3: mps.default_pinned_mem_limit: expected device=size"):
         profile("mps:\n  enabled: true\n  default_pinned_mem_limit: 16G\n")
     with pytest.raises(ProfileError, match="mps.pipe_dir: expected an absolute directory path"):

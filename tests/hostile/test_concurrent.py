@@ -7,14 +7,14 @@ import time
 
 import pytest
 
-from hkgpu_tune.engine import Engine
-from hkgpu_tune.errors import LockError
-from hkgpu_tune.profile import parse_profile_text
+from hkgpu_tune.tune.engine import Engine
+from hkgpu_tune.core.errors import LockError
+from hkgpu_tune.core.profile import parse_profile_text
 
 from ..unit.test_engine import PROFILE, host
 from .test_kills import argv, kill_profile, run, settings
 
-HOLD = "import sys, time; from hkgpu_tune.state import State\n" \
+HOLD = "import sys, time; from hkgpu_tune.tune.state import State\n" \
        "with State(sys.argv[1]).lock():\n    print('held', flush=True); time.sleep(60)\n"
 
 

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from hkgpu_tune.errors import ApplyError, StateError
-from hkgpu_tune.journal import Journal
-from hkgpu_tune.report import Change
-from hkgpu_tune.state import State
+from hkgpu_tune.core.errors import ApplyError, StateError
+from hkgpu_tune.tune.journal import Journal
+from hkgpu_tune.core.report import Change
+from hkgpu_tune.tune.state import State
 
 
 def sysctl(key, cur, want):

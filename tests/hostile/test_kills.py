@@ -189,7 +189,7 @@ def wrap(f):
         return r
     return g
 import atexit
-import hkgpu_tune.persist as pe, hkgpu_tune.state as st
+import hkgpu_tune.tune.persist as pe, hkgpu_tune.tune.state as st
 st.atomic_write, pe.atomic_write = wrap(st.atomic_write), wrap(pe.atomic_write)
 for name in ("replace",):   # (os.replace: what writes files without atomic_write)
     setattr(os, name, wrap(getattr(os, name)))

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from hkgpu_tune.engine import Engine
-from hkgpu_tune.errors import ProfileError
-from hkgpu_tune.profile import parse_profile_text
+from hkgpu_tune.tune.engine import Engine
+from hkgpu_tune.core.errors import ProfileError
+from hkgpu_tune.core.profile import parse_profile_text
 from tests.gpu_unit.conftest import FakeMps, backends
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -82,7 +82,7 @@ def test_a_directory_open_to_everyone_is_refused(tmp_path):
 def test_a_parent_writable_by_others_is_refused(tmp_path):
     """ensure_dir walks from the allowed root: a parent anyone can write could swap the directory."""
     from hkgpu_tune.backends.mps import ensure_dir
-    from hkgpu_tune.errors import ApplyError
+    from hkgpu_tune.core.errors import ApplyError
     (tmp_path / "open").mkdir()
     os.chmod(tmp_path / "open", 0o777)
     with pytest.raises(ApplyError, match="writable by others: refused as a parent"):

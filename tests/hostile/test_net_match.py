@@ -1,9 +1,9 @@
-"""Interfaces meet profile rules in one place (hkgpu_tune.match): globs and permanent MACs match,
+"""Interfaces meet profile rules in one place (hkgpu_tune.core.match): globs and permanent MACs match,
 and two rules that set one key of one device differently are an error naming both lines."""
 import pytest
 
-from hkgpu_tune.match import identity, matches, same_device
-from hkgpu_tune.profile import Match
+from hkgpu_tune.core.match import identity, matches, same_device
+from hkgpu_tune.core.profile import Match
 
 from .conftest import sh, write_profile
 

@@ -8,8 +8,8 @@ import signal
 
 import pytest
 
-from hkgpu_tune.errors import HkError
-from hkgpu_tune.persist import mtu_owner, persist
+from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.tune.persist import mtu_owner, persist
 
 from .test_kills import tree
 from .test_persist_safety import setup

@@ -6,7 +6,7 @@ import os
 import pytest
 
 from hkgpu_tune.backends.systemd import Systemd
-from hkgpu_tune.errors import HkError
+from hkgpu_tune.core.errors import HkError
 
 from .test_cli import hk, no_traceback, ok_profile  # noqa: F401  (fixture)
 

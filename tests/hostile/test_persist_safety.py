@@ -7,10 +7,10 @@ import os
 
 import pytest
 
-from hkgpu_tune.engine import Engine
-from hkgpu_tune.errors import HkError
-from hkgpu_tune.persist import persist, unpersist
-from hkgpu_tune.profile import parse_profile_text
+from hkgpu_tune.tune.engine import Engine
+from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.tune.persist import persist, unpersist
+from hkgpu_tune.core.profile import parse_profile_text
 
 from ..unit.test_engine import PROFILE, host
 from .test_kills import tree
@@ -92,7 +92,7 @@ def test_a_link_that_is_not_ours_is_left_alone(tmp_path):
 
 
 def test_a_kill_between_the_record_and_the_write_leaves_the_file_as_it_was(tmp_path, monkeypatch):
-    import hkgpu_tune.persist as pe
+    import hkgpu_tune.tune.persist as pe
 
     class Kill(BaseException):
         pass

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from hkgpu_tune.errors import ProfileError
-from hkgpu_tune.profile import load_profile, parse_profile_text
+from hkgpu_tune.core.errors import ProfileError
+from hkgpu_tune.core.profile import load_profile, parse_profile_text
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TIMEOUT = 30
@@ -102,8 +102,8 @@ def test_billion_laughs_fails_fast_with_little_memory(tmp_path):
     f = tmp_path / "laughs.yaml"
     f.write_text(laughs(10) + "sysctl: {net.core.rmem_max: *j}\n")
     code = ("import resource, sys, time\n"
-            "from hkgpu_tune.profile import load_profile\n"
-            "from hkgpu_tune.errors import ProfileError\n"
+            "from hkgpu_tune.core.profile import load_profile\n"
+            "from hkgpu_tune.core.errors import ProfileError\n"
             "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
             "t = time.monotonic()\n"
             "try:\n    load_profile(sys.argv[1])\nexcept ProfileError as e:\n    print(e)\n"

@@ -32,9 +32,9 @@ def test_rollback_never_deletes_a_default_route(net, tmp_path):
     code = f"""
 import sys
 from hkgpu_tune.backends import Backends
-from hkgpu_tune.errors import HkError
-from hkgpu_tune.profile import Profile
-from hkgpu_tune.report import Change
+from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.core.profile import Profile
+from hkgpu_tune.core.report import Change
 from hkgpu_tune.subsystems.link import Plugin
 b = Backends()
 ln = next(x for x in b.net.links() if x["name"] == "{net.a}")

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from hkgpu_tune.engine import Engine
-from hkgpu_tune.errors import StateError
-from hkgpu_tune.profile import parse_profile_text
+from hkgpu_tune.tune.engine import Engine
+from hkgpu_tune.core.errors import StateError
+from hkgpu_tune.core.profile import parse_profile_text
 
 from ..unit.test_engine import PROFILE, host
 

@@ -41,8 +41,8 @@ def _var(hostvars: dict, name: str) -> str:
 
 def host_checks(host, path: str | None) -> list:
     """The host's node profile (read from the host, parsed as input) as checks."""
-    from hkgpu_tune.errors import HkError
-    from hkgpu_tune.profile import parse_profile_text
+    from hkgpu_tune.core.errors import HkError
+    from hkgpu_tune.core.profile import parse_profile_text
     if not path:
         hv = host.ansible.get_variables() if host.backend.NAME == "ansible" else {}
         path = _var(hv, "hkgpu_profile_path")

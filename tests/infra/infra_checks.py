@@ -4,7 +4,7 @@ Each check reads the host with the host's own tools through testinfra (`sysctl -
 `ethtool`, `tc -j`, /proc/irq, /sys, `nvidia-smi`) and compares with the profile's desired value
 in code of its own. Nothing here uses hkgpu_tune's verify, compare, normalisation, matching or
 backends: a bug there that says "ok" is still caught here (test_independent.py plants one to prove it).
-The profile itself is input: the caller parses it with hkgpu_tune.profile.
+The profile itself is input: the caller parses it with hkgpu_tune.core.profile.
 
     checks = plan(host, profile)          # [Check], ids like sysctl::host::net.ipv4.tcp_rmem
     for c in checks: c()                  # AssertionError naming current and desired, or pytest.skip

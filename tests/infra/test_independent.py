@@ -37,7 +37,7 @@ network:
 # the planted bug: sysctl's and link's compare() call every value "ok"
 PLANT = """\
 import dataclasses
-from hkgpu_tune.report import OK
+from hkgpu_tune.core.report import OK
 from hkgpu_tune.subsystems import link, sysctl
 
 def _says_ok(real):

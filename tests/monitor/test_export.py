@@ -10,8 +10,8 @@ import sys
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from hkgpu_tune import export as X
-from hkgpu_tune.collect import Sources
+from hkgpu_tune.observe import export as X
+from hkgpu_tune.observe.collect import Sources
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, REPO)
@@ -87,7 +87,7 @@ def test_a_failing_collector_is_down_and_the_rest_still_exported(tmp_path, repla
 
 
 def test_verify_failing_is_a_down_collector_not_a_crash(tmp_path, replayed):
-    from hkgpu_tune.errors import HkError
+    from hkgpu_tune.core.errors import HkError
     prof, eng, src = replayed
 
     def boom():
@@ -235,7 +235,7 @@ network:
 @pytest.mark.parametrize("arg", [None, "hk-latency"])
 def test_info_hashes_the_shipped_profile_file_not_its_name(tmp_path, arg):
     """The default profile is loaded by name: its sha256 is the shipped file's, whatever the cwd."""
-    from hkgpu_tune.profile import PROFILE_DIR, DEFAULT_PROFILE
+    from hkgpu_tune.core.profile import PROFILE_DIR, DEFAULT_PROFILE
     d = tmp_path / "tf"
     d.mkdir()
     r = cli("--textfile-dir", str(d), "--state-dir", str(tmp_path / "st"), *(["--profile", arg] if arg else []))

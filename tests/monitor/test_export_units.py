@@ -6,7 +6,7 @@ import re
 import jinja2
 import yaml
 
-from hkgpu_tune import persist
+from hkgpu_tune.tune import persist
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 ROLE = os.path.join(REPO, "roles", "hkgpu_verify")

@@ -8,10 +8,11 @@ import subprocess
 
 import pytest
 
-from hkgpu_tune import collect, health
+from hkgpu_tune.observe import collect
+from hkgpu_tune.observe import health
 from hkgpu_tune.backends.nvml import ReplayNvml
-from hkgpu_tune.errors import UnsupportedError
-from hkgpu_tune.profile import parse_profile_text
+from hkgpu_tune.core.errors import UnsupportedError
+from hkgpu_tune.core.profile import parse_profile_text
 
 FIX = os.path.join(os.path.dirname(__file__), "..", "fixtures", "health")
 
@@ -155,7 +156,7 @@ def test_export_textfile_carries_health(tmp_path):
     the replayed 8-GPU host has XID 48 on GPU 4 in its kernel log."""
     import sys
     from prometheus_client.parser import text_string_to_metric_families
-    from hkgpu_tune import export as X
+    from hkgpu_tune.observe import export as X
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     from tests.fixtures.monitor import replay_host as R
     prof, eng, src = R.host(str(tmp_path / "state"))

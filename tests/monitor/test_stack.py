@@ -129,8 +129,8 @@ def ours(root) -> list:
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    from hkgpu_tune.profile import load_profile
-    from hkgpu_tune.triton import gate, launch, render
+    from hkgpu_tune.core.profile import load_profile
+    from hkgpu_tune.serve import gate, launch, render
 
     t0 = time.monotonic()
     root = tmp_path_factory.mktemp("monstack")

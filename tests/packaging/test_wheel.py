@@ -43,8 +43,8 @@ def test_the_wheel_carries_every_role_playbook_the_module_and_the_inventory(whee
 
 
 def test_rack_without_ansible_runner_is_one_line(monkeypatch, tmp_path):
-    from hkgpu_tune.errors import HkError
-    from hkgpu_tune.rack import run_playbook
+    from hkgpu_tune.core.errors import HkError
+    from hkgpu_tune.fleet.rack import run_playbook
     monkeypatch.setitem(sys.modules, "ansible_runner", None)     # import fails as if not installed
     with pytest.raises(HkError) as e:
         run_playbook("verify", str(tmp_path))

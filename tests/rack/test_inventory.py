@@ -14,7 +14,7 @@ import yaml
 
 from simrack import REPO
 
-from hkgpu_tune.profile import parse_profile_text
+from hkgpu_tune.core.profile import parse_profile_text
 
 INV = os.path.join(REPO, "inventory", "hk")
 pytestmark = pytest.mark.skipif(not shutil.which("ansible-inventory"),

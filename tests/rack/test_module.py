@@ -7,9 +7,9 @@ import yaml
 
 from simrack import REPO
 
-from hkgpu_tune.converge import merge_sections
-from hkgpu_tune.errors import ProfileError
-from hkgpu_tune.rack import HostResult, handle_event
+from hkgpu_tune.fleet.converge import merge_sections
+from hkgpu_tune.core.errors import ProfileError
+from hkgpu_tune.fleet.rack import HostResult, handle_event
 
 MODULE = os.path.join(REPO, "collections", "ansible_collections", "hkgpu", "tune", "plugins", "modules", "hkgpu.py")
 

@@ -15,7 +15,7 @@ import pytest
 import simrack
 from simrack import REPO, snapshot
 
-from hkgpu_tune.rack import run_playbook
+from hkgpu_tune.fleet.rack import run_playbook
 from tests.helpers import run_testinfra
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]

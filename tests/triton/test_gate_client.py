@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from hkgpu_tune.profile import load_profile
-from hkgpu_tune.triton import batch_backend, client, launch
+from hkgpu_tune.core.profile import load_profile
+from hkgpu_tune.serve import batch_backend, client, launch
 
 from .conftest import DATA, dump, free_ports, needs_server, profile_dict
 

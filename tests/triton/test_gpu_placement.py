@@ -5,8 +5,8 @@ import pytest
 
 from hkgpu_tune.backends import Backends
 from hkgpu_tune.backends.nvml import Nvml
-from hkgpu_tune.profile import parse_profile_text
-from hkgpu_tune.triton import launch
+from hkgpu_tune.core.profile import parse_profile_text
+from hkgpu_tune.serve import launch
 
 from .conftest import dump, profile_dict
 

@@ -12,9 +12,9 @@ import tempfile
 
 import pytest
 
-from hkgpu_tune.errors import HkError
-from hkgpu_tune.profile import parse_profile_text
-from hkgpu_tune.triton import launch, render
+from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.core.profile import parse_profile_text
+from hkgpu_tune.serve import launch, render
 
 from .conftest import dump, free_ports, profile_dict
 from .test_verify_units import systemd

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from hkgpu_tune.profile import parse_profile_text
-from hkgpu_tune.triton import launch
+from hkgpu_tune.core.profile import parse_profile_text
+from hkgpu_tune.serve import launch
 
 from .conftest import dump, profile_dict
 
@@ -119,7 +119,7 @@ def test_a_process_whose_arguments_are_not_yet_set_up_is_not_gone():
     (pid 2, kthreadd, has an empty cmdline for good.)"""
     import os
 
-    from hkgpu_tune.triton.launch import _alive, _start_ticks
+    from hkgpu_tune.serve.launch import _alive, _start_ticks
     with open("/proc/2/cmdline", "rb") as f:
         assert f.read() == b""
     st = {"pid": 2, "start_ticks": _start_ticks(2), "argv": ["/opt/tritonserver/bin/tritonserver"]}
@@ -135,9 +135,9 @@ def test_a_link_planted_at_the_process_record_is_refused_and_no_server_is_left(t
     links; a link planted there is refused in one line, its target untouched, and the server just
     started is stopped (without its record nothing could stop it later)."""
     import psutil
-    from hkgpu_tune.errors import HkError
-    from hkgpu_tune.profile import load_profile
-    from hkgpu_tune.triton import launch, render
+    from hkgpu_tune.core.errors import HkError
+    from hkgpu_tune.core.profile import load_profile
+    from hkgpu_tune.serve import launch, render
     from .conftest import free_ports
     p = tmp_path / "p.yaml"
     p.write_text(dump(profile_dict(tmp_path, free_ports(3))))

@@ -9,9 +9,9 @@ import time
 import numpy as np
 import pytest
 
-from hkgpu_tune.errors import HkError
-from hkgpu_tune.profile import load_profile
-from hkgpu_tune.triton import launch, loadgen, render
+from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.core.profile import load_profile
+from hkgpu_tune.serve import launch, loadgen, render
 
 from .conftest import dump, free_ports, needs_server, profile_dict
 

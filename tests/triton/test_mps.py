@@ -8,11 +8,11 @@ import pytest
 
 from hkgpu_tune.backends import Backends
 from hkgpu_tune.backends.nvml import ReplayNvml
-from hkgpu_tune.engine import Engine
-from hkgpu_tune.profile import parse_profile_text
-from hkgpu_tune.report import DRIFT, OK, UNSUPPORTED
+from hkgpu_tune.tune.engine import Engine
+from hkgpu_tune.core.profile import parse_profile_text
+from hkgpu_tune.core.report import DRIFT, OK, UNSUPPORTED
 from hkgpu_tune.subsystems import triton
-from hkgpu_tune.triton import launch, render
+from hkgpu_tune.serve import launch, render
 
 from .conftest import dump, free_ports, needs_server, profile_dict
 

@@ -11,10 +11,10 @@ import sys
 
 import pytest
 
-from hkgpu_tune.engine import Engine
-from hkgpu_tune.profile import load_profile
-from hkgpu_tune.report import OK
-from hkgpu_tune.triton import client, launch
+from hkgpu_tune.tune.engine import Engine
+from hkgpu_tune.core.profile import load_profile
+from hkgpu_tune.core.report import OK
+from hkgpu_tune.serve import client, launch
 
 from .conftest import MODEL_PY, dump, free_ports, needs_server, profile_dict
 

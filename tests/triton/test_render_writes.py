@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from hkgpu_tune.errors import HkError
-from hkgpu_tune.triton import render
+from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.serve import render
 
 from .conftest import MODEL_PY, dump, profile_dict
 from .test_render import section

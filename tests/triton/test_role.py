@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from hkgpu_tune.profile import load_profile
-from hkgpu_tune.triton import launch
+from hkgpu_tune.core.profile import load_profile
+from hkgpu_tune.serve import launch
 
 from .conftest import MODEL_PY, free_ports, needs_server
 

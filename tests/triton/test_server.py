@@ -13,11 +13,11 @@ import time
 import psutil
 import pytest
 
-from hkgpu_tune.engine import Engine
-from hkgpu_tune.errors import HkError
-from hkgpu_tune.profile import load_profile
-from hkgpu_tune.report import DRIFT, OK
-from hkgpu_tune.triton import client, gate, launch, render
+from hkgpu_tune.tune.engine import Engine
+from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.core.profile import load_profile
+from hkgpu_tune.core.report import DRIFT, OK
+from hkgpu_tune.serve import client, gate, launch, render
 
 from .conftest import dump, free_ports, needs_server, profile_dict
 

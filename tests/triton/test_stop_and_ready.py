@@ -13,9 +13,9 @@ import urllib.request
 import psutil
 import pytest
 
-from hkgpu_tune.errors import HkError
-from hkgpu_tune.profile import parse_profile_text
-from hkgpu_tune.triton import launch
+from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.core.profile import parse_profile_text
+from hkgpu_tune.serve import launch
 
 from .conftest import DATA, dump, free_ports, profile_dict
 

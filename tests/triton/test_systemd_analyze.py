@@ -19,10 +19,10 @@ import jinja2
 import pytest
 import yaml
 
-from hkgpu_tune import persist
-from hkgpu_tune.profile import parse_profile_text
+from hkgpu_tune.tune import persist
+from hkgpu_tune.core.profile import parse_profile_text
 from hkgpu_tune.subsystems import mps
-from hkgpu_tune.triton import launch
+from hkgpu_tune.serve import launch
 
 from ..helpers import REPO
 from .conftest import HAVE_PYTRITON, dump, profile_dict

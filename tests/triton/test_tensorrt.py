@@ -11,9 +11,9 @@ import stat
 
 import pytest
 
-from hkgpu_tune.errors import UnsupportedError
-from hkgpu_tune.profile import parse_profile_text
-from hkgpu_tune.triton import render, tensorrt
+from hkgpu_tune.core.errors import UnsupportedError
+from hkgpu_tune.core.profile import parse_profile_text
+from hkgpu_tune.serve import render, tensorrt
 
 FAKE = """#!/bin/sh
 echo "&&&& RUNNING TensorRT.trtexec [TensorRT v{version}] # trtexec $*"

@@ -4,7 +4,7 @@ from __future__ import annotations
 import copy
 
 from hkgpu_tune.backends import Backends
-from hkgpu_tune.errors import ApplyError, UnsupportedError
+from hkgpu_tune.core.errors import ApplyError, UnsupportedError
 
 
 class FakeSysctl:

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from hkgpu_tune import persist
-from hkgpu_tune.profile import NODE_FILE, PERSIST_FILE
+from hkgpu_tune.tune import persist
+from hkgpu_tune.core.profile import NODE_FILE, PERSIST_FILE
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

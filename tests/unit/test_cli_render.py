@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from hkgpu_tune.report import DRIFT, OK, UNSUPPORTED, Change, Result, fmt, print_changes, print_table
+from hkgpu_tune.core.report import DRIFT, OK, UNSUPPORTED, Change, Result, fmt, print_changes, print_table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 EXAMPLE = os.path.join(ROOT, "docs", "examples", "triton-resnet50.yaml")
@@ -175,7 +175,7 @@ def test_shipped_gpu_settings_are_unsupported_without_a_gpu():
 
 
 def test_example_triton_profile_loads():
-    from hkgpu_tune.profile import load_profile
+    from hkgpu_tune.core.profile import load_profile
     from hkgpu_tune.subsystems import triton
     p = load_profile(EXAMPLE)
     assert {"network", "sysctl", "gpu", "mps", "affinity", "triton"} <= set(p.sections)

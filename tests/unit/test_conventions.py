@@ -106,7 +106,7 @@ def test_a_report_does_not_load_the_doc_tools(tmp_path):
     prof.write_text("sysctl:\n  kernel.ostype: Linux\n")
     code = ("import sys\nfrom hkgpu_tune.cli import run\nrc = run(['verify', '--json', '-p', sys.argv[1]])\n"
             "print(sorted(m for m in ('rich', 'shtab', 'hkgpu_tune.cli.meta', 'hkgpu_tune.cli.triton', "
-            "'hkgpu_tune.rack') if m in sys.modules), file=sys.stderr)\n")
+            "'hkgpu_tune.fleet.rack') if m in sys.modules), file=sys.stderr)\n")
     p = subprocess.run([sys.executable, "-c", code, str(prof)], capture_output=True, text=True, cwd=ROOT)
     assert p.returncode == 0, p.stderr
     assert p.stderr.strip() == "[]"

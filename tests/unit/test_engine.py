@@ -4,10 +4,10 @@ import stat
 
 import pytest
 
-from hkgpu_tune.engine import Engine
-from hkgpu_tune.errors import HkError
-from hkgpu_tune.profile import parse_profile_text
-from hkgpu_tune.report import exit_code, to_json, to_junit, to_prometheus
+from hkgpu_tune.tune.engine import Engine
+from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.core.profile import parse_profile_text
+from hkgpu_tune.core.report import exit_code, to_json, to_junit, to_prometheus
 
 from .fakes import FakeCmd, FakeEthtool, FakeNet, FakeSysctl, FakeTc, backends, link
 
@@ -132,7 +132,7 @@ def test_combined_falls_back_to_rx_tx_or_unsupported(tmp_path):
 
 
 def test_rings_unsupported_is_not_a_crash(tmp_path):
-    from hkgpu_tune.errors import UnsupportedError
+    from hkgpu_tune.core.errors import UnsupportedError
 
     from .fakes import nic
     d = nic()
@@ -243,7 +243,7 @@ def test_renderers_carry_the_same_result(tmp_path):
 
 
 def test_only_rejects_unknown_subsystem(tmp_path):
-    from hkgpu_tune.errors import HkError
+    from hkgpu_tune.core.errors import HkError
     with pytest.raises(HkError, match="unknown subsystem sysctrl"):
         engine(tmp_path, only=["sysctrl"])
 
@@ -281,7 +281,7 @@ def test_feature_needing_sg_is_unsupported(tmp_path):
 
 
 def test_write_the_driver_refuses_is_unsupported_and_the_rest_applies(tmp_path):
-    from hkgpu_tune.errors import UnsupportedError
+    from hkgpu_tune.core.errors import UnsupportedError
     b = host()
 
     def refuse(name, short, on):
@@ -370,8 +370,8 @@ def test_a_single_queue_nic_that_gets_more_channels_gets_mq(tmp_path):
 def test_a_refused_write_that_cannot_be_put_back_keeps_its_original(tmp_path):
     # the driver refuses gro, and refuses to put the original back too; a later failure rolls the
     # run back: the state keeps only gro's original, for a later rollback to try again
-    from hkgpu_tune.engine import State
-    from hkgpu_tune.errors import ApplyError, UnsupportedError
+    from hkgpu_tune.tune.engine import State
+    from hkgpu_tune.core.errors import ApplyError, UnsupportedError
     b = host()
 
     def refuse(name, short, on):
@@ -388,7 +388,7 @@ def test_a_refused_write_that_cannot_be_put_back_keeps_its_original(tmp_path):
 
 
 def test_rollback_only_restores_those_subsystems_and_keeps_the_rest(tmp_path):
-    from hkgpu_tune.engine import State
+    from hkgpu_tune.tune.engine import State
     b = host()
     engine(tmp_path, b).apply()
     rep = engine(tmp_path, b).rollback(only=["sysctl"])
@@ -401,8 +401,8 @@ def test_rollback_only_restores_those_subsystems_and_keeps_the_rest(tmp_path):
 
 
 def test_a_gone_target_is_kept_and_reported_or_dropped_on_forget(tmp_path):
-    from hkgpu_tune.engine import State
-    from hkgpu_tune.errors import TargetGone
+    from hkgpu_tune.tune.engine import State
+    from hkgpu_tune.core.errors import TargetGone
     b = host()
     engine(tmp_path, b, only=["sysctl", "link"]).apply()
 
@@ -423,7 +423,7 @@ def test_a_gone_target_is_kept_and_reported_or_dropped_on_forget(tmp_path):
 
 
 def test_a_rollback_killed_midway_drops_what_it_restored_and_resumes(tmp_path):
-    from hkgpu_tune.engine import State
+    from hkgpu_tune.tune.engine import State
     b = host()
     engine(tmp_path, b, only=["sysctl", "link"]).apply()
     n_saved = len(State(str(tmp_path / "state")).load())

@@ -5,8 +5,8 @@ import os
 import subprocess
 import sys
 
-from hkgpu_tune.match import could_match
-from hkgpu_tune.profile import Match
+from hkgpu_tune.core.match import could_match
+from hkgpu_tune.core.profile import Match
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -1,4 +1,4 @@
-from hkgpu_tune.normalize import as_bool, at_least, same
+from hkgpu_tune.core.normalize import as_bool, at_least, same
 
 
 def test_whitespace_and_numbers():

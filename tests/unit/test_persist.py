@@ -1,6 +1,6 @@
 import os
 
-from hkgpu_tune.persist import mtu_owner
+from hkgpu_tune.tune.persist import mtu_owner
 
 LINK = {"name": "ens1f0", "mac": "0c:42:a1:00:00:01"}
 
@@ -13,9 +13,9 @@ def write(root, rel, text):
 
 
 def writer(root, state):
-    from hkgpu_tune.journal import Journal
-    from hkgpu_tune.persist import Writer
-    from hkgpu_tune.state import State
+    from hkgpu_tune.tune.journal import Journal
+    from hkgpu_tune.tune.persist import Writer
+    from hkgpu_tune.tune.state import State
     return Writer(str(root), Journal(State(state)))
 
 
@@ -42,7 +42,7 @@ def test_networkd_glob(tmp_path):
 
 
 def test_unpersist_removes_the_directories_it_made_and_keeps_the_rest(tmp_path):
-    from hkgpu_tune.persist import unpersist
+    from hkgpu_tune.tune.persist import unpersist
     root, state = tmp_path / "root", str(tmp_path / "state")
     (root / "etc/systemd/network").mkdir(parents=True)
     (root / "etc/sysctl.d").mkdir(parents=True)
@@ -57,7 +57,7 @@ def test_unpersist_removes_the_directories_it_made_and_keeps_the_rest(tmp_path):
 
 
 def test_a_directory_it_made_that_now_holds_another_file_stays(tmp_path):
-    from hkgpu_tune.persist import unpersist
+    from hkgpu_tune.tune.persist import unpersist
     root, state = tmp_path / "root", str(tmp_path / "state")
     root.mkdir()
     w = writer(root, state)
@@ -74,7 +74,7 @@ def test_rollback_of_the_boot_unit_removes_its_export_textfile_unless_the_timer_
     """The boot unit of apply --persist writes node_exporter's textfile at every boot; left after
     rollback, node_exporter would serve the last drift and health figures for ever. With export.env
     (the hkgpu_verify role's timer writes the file too) it stays: the rollback playbook removes it."""
-    from hkgpu_tune.persist import UNIT_FILE, unpersist
+    from hkgpu_tune.tune.persist import UNIT_FILE, unpersist
     for timer in (False, True):
         root, state = tmp_path / f"root{timer}", str(tmp_path / f"state{timer}")
         prom = write(root, "var/lib/prometheus/node-exporter/hkgpu-tune.prom", "hkgpu_tune_failures 0\n")

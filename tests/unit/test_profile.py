@@ -1,7 +1,7 @@
 import pytest
 
-from hkgpu_tune.errors import ProfileError
-from hkgpu_tune.profile import load_profile, parse_profile_text
+from hkgpu_tune.core.errors import ProfileError
+from hkgpu_tune.core.profile import load_profile, parse_profile_text
 
 MINIMUM = """\
 network:

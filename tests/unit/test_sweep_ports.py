@@ -4,7 +4,7 @@ before tritonserver binds it), free now; the sweep's server a short exit timeout
 to load keeps tritonserver waiting its whole exit timeout)."""
 import socket
 
-from hkgpu_tune.triton import client, sweep
+from hkgpu_tune.serve import client, sweep
 
 
 def test_ports_are_free_and_below_the_ephemeral_range():
@@ -62,7 +62,7 @@ def test_a_port_in_use_is_not_handed_out(monkeypatch):
 
 
 def test_the_sweeps_server_has_a_short_exit_timeout(tmp_path):
-    from hkgpu_tune.profile import parse_profile_text
+    from hkgpu_tune.core.profile import parse_profile_text
     import os
     model = os.path.join(os.path.dirname(__file__), "..", "triton", "data", "doubler.py")
     text = (f"name: x\ntriton:\n  server: pytriton\n  model_repository: {tmp_path}/m\n  run_dir: {tmp_path}/r\n"

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from hkgpu_tune.errors import HkError
-from hkgpu_tune.profile import parse_profile_text
-from hkgpu_tune.triton import sweep
+from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.core.profile import parse_profile_text
+from hkgpu_tune.serve import sweep
 
 MODEL = """\
 name: t

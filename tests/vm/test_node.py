@@ -15,7 +15,7 @@ import re
 import pytest
 import yaml
 
-from hkgpu_tune.rack import run_playbook
+from hkgpu_tune.fleet.rack import run_playbook
 
 from ..helpers import run_testinfra
 from .vm import DATA_MAC, PEER_ADDR, QUEUES, REPO

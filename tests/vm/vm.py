@@ -49,7 +49,7 @@ def image_dir(cache: str) -> str:
 
 
 def free_port() -> int:
-    from hkgpu_tune.triton import client
+    from hkgpu_tune.serve import client
     return client.free_ports(1)[0]
 
 

@@ -87,13 +87,13 @@ from ansible.module_utils.basic import AnsibleModule
 
 
 def run(module) -> dict:
-    """Arguments -> hkgpu_tune.converge.converge(); its result is the module's result."""
-    from hkgpu_tune.converge import converge
+    """Arguments -> hkgpu_tune.fleet.converge.converge(); its result is the module's result."""
+    from hkgpu_tune.fleet.converge import converge
 
     p = module.params
     arg = p["profile"]
     if arg is not None and not isinstance(arg, (dict, str)):
-        from hkgpu_tune.errors import ProfileError
+        from hkgpu_tune.core.errors import ProfileError
         raise ProfileError("profile: expected a dict of sections or a path")
     return converge(arg if isinstance(arg, dict) else None, module.check_mode,
                     profile=arg if isinstance(arg, str) else None, profile_path=p["profile_path"],
@@ -116,12 +116,12 @@ def main():
         supports_check_mode=True,
     )
     try:
-        from hkgpu_tune.errors import HkError
+        from hkgpu_tune.core.errors import HkError
     except ImportError as e:
         import sys
         module.fail_json(msg=f"hkgpu_tune is not importable by {sys.executable} ({e}): run the hkgpu_install "
                              f"role and set ansible_python_interpreter to hkgpu_python")
-    from hkgpu_tune.converge import ConvergeFailed
+    from hkgpu_tune.fleet.converge import ConvergeFailed
     # the one place library errors become module failures
     try:
         module.exit_json(**run(module))
