@@ -4,7 +4,7 @@
 >>> eng = Engine(load_profile("hk-inference"), only=["sysctl"])   # doctest: +SKIP
 >>> [r.status for r in eng.verify()]                               # doctest: +SKIP
 """
-__version__ = "0.1.0"
+from hkgpu_tune.core.version import __version__  # noqa: E402,F401
 
 from hkgpu_tune.core.errors import ApplyError, HkError, ProfileError, StateError, UnsupportedError  # noqa: E402
 from hkgpu_tune.core.profile import Profile, load_profile, parse_profile_text  # noqa: E402

@@ -30,6 +30,7 @@ if "$PY" -c 'import sys, sysconfig, os; sys.exit(0 if os.path.exists(os.path.joi
 fi
 "$PY" -m pip install -q --disable-pip-version-check -e '.[test]'
 echo "$PY" > .python-path
+scripts/install-docs.sh "$PY"     # man page (section 8) and shell completion
 
 if [ "${1:-}" != "--no-verify" ]; then
   # the main job: verify this machine against the default profile (exit 2 = drift found)

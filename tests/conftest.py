@@ -3,6 +3,12 @@ import shutil
 
 import pytest
 
+from tests import skip_report
+
+
+def pytest_configure(config):
+    skip_report.register(config)     # every skip listed with its reason; one without fails the run
+
 
 def pytest_collection_modifyitems(config, items):
     for item in items:

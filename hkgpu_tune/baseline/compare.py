@@ -336,5 +336,5 @@ def print_table(cmp: Comparison, console, title: str | None = None) -> None:
         t.add_row(*[Text(c, style=style if COLUMNS[i] == "verdict" else "") for i, c in enumerate(cells)])
     console.print(t)
     for line in notes(cmp):
-        console.print(Text(line), soft_wrap=True)
-    console.print(Text(summary_line(cmp)), soft_wrap=True)
+        console.print(Text(line))
+    console.print(Text(summary_line(cmp)))

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import statistics
 import subprocess
 import tempfile
@@ -71,15 +72,37 @@ def _torch(cfg) -> dict:
                    {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__})
 
 
+def _shapes(plan: str, batch: int) -> str | None:
+    """--shapes for the plan's inputs at `batch`, from the build flags kept beside the plan
+    (tensorrt.key_path: --optShapes=NAME:BxCxHxW,...); None for a plan built elsewhere."""
+    from hkgpu_tune.serve.tensorrt import key_path
+    try:
+        with open(key_path(plan)) as f:
+            flags = json.load(f)["key"]["flags"]
+        spec = next(a.split("=", 1)[1] for a in flags if a.startswith("--optShapes="))
+        pairs = [p.rpartition(":") for p in spec.split(",")]
+        return "--shapes=" + ",".join(f"{n}:{batch}x{d.partition('x')[2]}" if "x" in d else f"{n}:{batch}"
+                                      for n, _, d in pairs)
+    except (OSError, ValueError, KeyError, TypeError, StopIteration):
+        return None
+
+
+OVERRIDE = re.compile(r"no shapes were provided\. Automatically overriding shape to: (\d+)")
+
+
 def _trtexec(exe: str, plan: str, cfg) -> dict:
     """trtexec --loadEngine in ROUNDS runs; its --exportTimes JSON (one object per inference with
-    latencyMs) is read with json."""
+    latencyMs) is read with json. The batch: --shapes from the plan's build flags; without them
+    trtexec runs a dynamic input at 1 (and says so), and that is the batch the rate counts."""
     rates, lat = [], []
+    shapes = _shapes(plan, cfg.batch)
+    batch = cfg.batch
     with tempfile.TemporaryDirectory(prefix="hkgpu-trt-") as tmp:
         for i in range(ROUNDS):
             times = os.path.join(tmp, f"times{i}.json")
             dur = max(1, round(cfg.seconds / ROUNDS))
             argv = [exe, f"--loadEngine={plan}", f"--duration={dur}", "--warmUp=200", f"--exportTimes={times}"]
+            argv += [shapes] if shapes else []
             try:
                 p = subprocess.run(argv, capture_output=True, text=True, timeout=dur + 120)
             except subprocess.TimeoutExpired:
@@ -88,6 +111,9 @@ def _trtexec(exe: str, plan: str, cfg) -> dict:
                 tail = (p.stderr or p.stdout).strip().splitlines()
                 return {"status": "error", "tool": "trtexec",
                         "reason": f"trtexec exited {p.returncode}: {tail[-1][:200] if tail else 'no output'}"}
+            ran = OVERRIDE.search(p.stdout + p.stderr)
+            if ran and not shapes:
+                batch = int(ran.group(1))
             try:
                 with open(times) as f:
                     recs = json.load(f)
@@ -97,5 +123,6 @@ def _trtexec(exe: str, plan: str, cfg) -> dict:
             if not ms:
                 return {"status": "error", "tool": "trtexec", "reason": "trtexec timed no inference"}
             lat += ms
-            rates.append(cfg.batch * 1000 / statistics.fmean(ms))
-    return _result("trtexec", os.path.basename(plan), cfg.batch, rates, lat)
+            rates.append(batch * 1000 / statistics.fmean(ms))
+    extra = {} if batch == cfg.batch else {"note": f"no input shapes known for this plan: trtexec ran batch {batch}"}
+    return _result("trtexec", os.path.basename(plan), batch, rates, lat, extra)

@@ -9,7 +9,7 @@ import importlib
 import os
 import sys
 
-from hkgpu_tune import __version__
+from hkgpu_tune.core.version import __version__
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.cli import stdio
 from hkgpu_tune.cli.context import EXIT_DRIFT, EXIT_ERROR, EXIT_OK, Context
@@ -31,7 +31,15 @@ class Parser(argparse.ArgumentParser):
 def _add_rack(sub) -> None:
     from hkgpu_tune.fleet import rack
     rack.add_parser(sub)
-    sub.choices["rack"].set_defaults(run=lambda ctx: rack.cli_run(ctx.args))
+    sub.choices["rack"].set_defaults(run=_rack_run)
+
+
+def _rack_run(ctx) -> int:
+    if ctx.args.action == "baseline":
+        from hkgpu_tune.fleet import baseline_rack
+        return baseline_rack.cli_run(ctx.args)
+    from hkgpu_tune.fleet import rack
+    return rack.cli_run(ctx.args)
 
 
 def _adder(group: str):
@@ -57,7 +65,7 @@ EXIT_CODES = """exit codes:
 EXAMPLES = {
     "facts": "hkgpu-tune facts --only sysctl,link",
     "plan": "hkgpu-tune plan --profile hk-latency",
-    "verify": "hkgpu-tune verify --prometheus /var/lib/prometheus/node-exporter/hkgpu.prom",
+    "verify": "hkgpu-tune verify --only sysctl,link --junit verify.xml",
     "apply": "hkgpu-tune apply --persist",
     "rollback": "hkgpu-tune rollback --only sysctl",
     "mps": "hkgpu-tune mps status",
@@ -65,8 +73,8 @@ EXAMPLES = {
     "triton": "hkgpu-tune triton gate -p /etc/hkgpu-tune/node.yaml",
     "rack": "hkgpu-tune rack verify -i inventory/hk --limit rack_tko_a01 --forks 20",
     "profiles": "hkgpu-tune profiles show hk-latency",
-    "completion": "hkgpu-tune completion bash > /etc/bash_completion.d/hkgpu-tune",
-    "man": "hkgpu-tune man > /usr/local/share/man/man1/hkgpu-tune.1",
+    "completion": "hkgpu-tune completion bash > /usr/share/bash-completion/completions/hkgpu-tune",
+    "man": "hkgpu-tune man > /usr/local/share/man/man8/hkgpu-tune.8",
     "health": "hkgpu-tune health --json",
     "export": "hkgpu-tune export --textfile-dir /var/lib/prometheus/node-exporter",
     "baseline": "hkgpu-tune baseline compare before.json after.json --png compare.png",

@@ -2,8 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
 from hkgpu_tune.core.errors import HkError
 
@@ -88,23 +86,20 @@ class Context:
 
     @property
     def console(self):
-        """rich is imported only here: --json never needs it."""
+        """rich is imported only here: --json never needs it. 80 columns off a terminal (report.make_console)."""
         if self._console is None:
-            from rich.console import Console
-            # into a log or the journal (no terminal): wide rows, so a key stays on one line for grep
-            wide = not sys.stdout.isatty() and not os.environ.get("COLUMNS")
-            self._console = Console(stderr=False, soft_wrap=False, width=200 if wide else None)
+            from hkgpu_tune.core.report import make_console
+            self._console = make_console()
         return self._console
 
     def line(self, *parts) -> None:
-        """One line of plain text and (text, style) pairs; values are never read as rich markup."""
+        """One line of plain text and (text, style) pairs; values are never read as rich markup;
+        a long line wraps at spaces."""
         if self.json:
             print("".join(p if isinstance(p, str) else p[0] for p in parts))
             return
         from rich.text import Text
-        # into a log (no terminal, no COLUMNS): one line, for grep; else wrapped at spaces
-        wide = not sys.stdout.isatty() and not os.environ.get("COLUMNS")
-        self.console.print(Text.assemble(*parts), soft_wrap=wide)
+        self.console.print(Text.assemble(*parts))
 
     def close(self) -> None:
         if self._engine is not None:

@@ -24,7 +24,8 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run_plan)
     p = sub.add_parser("verify", help="read back and report drift")
     _common(p)
-    p.add_argument("--prometheus", metavar="FILE", help="also write a Prometheus textfile")
+    p.add_argument("--prometheus", metavar="FILE", help="also write a Prometheus textfile (for node_exporter use `export`: "
+                        "a FILE beside a textfile with the same series is refused)")
     p.add_argument("--junit", metavar="FILE", help="also write a JUnit XML report")
     p.add_argument("--probe", action="store_true", help="also send don't-fragment pings to the peers")
     p.set_defaults(run=run_verify)
@@ -86,8 +87,9 @@ def run_verify(ctx: Context) -> int:
     res = eng.verify()
     if args.probe and "link" in eng.by_name:
         res += eng.by_name["link"].probe()
-    if args.prometheus:
-        _write(args.prometheus, report.to_prometheus(res))
+    if args.prometheus:   # refused beside a file with the same series (node_exporter drops duplicates)
+        from hkgpu_tune.observe.export import write_textfile
+        write_textfile(args.prometheus, report.to_prometheus(res))
     if args.junit:
         _write(args.junit, report.to_junit(res))
     if ctx.json:

@@ -54,7 +54,7 @@ def run_mps(ctx: Context) -> int:
 
 def run_placement(ctx: Context) -> int:
     from hkgpu_tune.backends import Backends
-    from hkgpu_tune.subsystems.affinity import format_cpulist, service_placement, unit_lines
+    from hkgpu_tune.backends.topology import format_cpulist, service_placement, unit_lines
 
     args = ctx.args
     b = Backends()

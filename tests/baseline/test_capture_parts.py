@@ -1,5 +1,6 @@
 """Capture's parts on their own: a missing iperf3, the engine benchmark here, serve, delay/jitter."""
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -45,22 +46,79 @@ def test_engine_benchmark_without_gpu_is_unsupported_with_the_reason():
     assert engine_bench.run(settings.Engine(), quick=True)["status"] == "skipped"
 
 
-def test_trtexec_export_times_are_read(tmp_path, monkeypatch):
-    """trtexec's --exportTimes JSON (one object per inference, latencyMs) -> img/s and latency;
-    a fake trtexec stands in (TensorRT cannot be installed here), writing that file."""
-    fake = tmp_path / "trtexec"
-    fake.write_text("#!/bin/sh\nfor a; do case $a in --exportTimes=*) f=${a#--exportTimes=};; esac; done\n"
-                    "printf '[{\"latencyMs\": 2.0}, {\"latencyMs\": 2.5}, {\"latencyMs\": 3.0}]' > $f\n")
-    fake.chmod(0o755)
+STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin_trtexec.py")
+
+
+def standin_plan(tmp_path, key=True):
+    """A dynamic-batch ResNet-50 engine for the trtexec stand-in (profile 1..32, opt 8) and, as
+    `triton build` leaves it, the key file with the build flags beside it."""
+    from hkgpu_tune.serve import tensorrt
     plan = tmp_path / "m.plan"
-    plan.write_bytes(b"x")
-    monkeypatch.setattr("hkgpu_tune.serve.tensorrt.trtexec_path", lambda: str(fake))
-    r = engine_bench.run(settings.Engine(batch=8, seconds=5, plan=str(plan)), quick=False)
-    assert r["status"] == "ok" and r["tool"] == "trtexec" and len(r["img_s"]) == 5
-    assert r["img_s"][0] == pytest.approx(8 * 1000 / 2.5) and r["latency_p50_ms"] == 2.5
-    fake.write_text("#!/bin/sh\necho '[E] engine deserialization failed' >&2\nexit 1\n")
-    r = engine_bench.run(settings.Engine(plan=str(plan)), quick=False)
-    assert r == {"status": "error", "tool": "trtexec", "reason": "trtexec exited 1: [E] engine deserialization failed"}
+    plan.write_text(json.dumps({"standin": "trtexec", "inputs": [
+        {"name": "input", "dims": [-1, 3, 224, 224], "min": [1, 3, 224, 224], "opt": [8, 3, 224, 224],
+         "max": [32, 3, 224, 224]}], "outputs": [{"name": "output", "dims": [-1, 1000]}]}))
+    if key:     # the flags as `triton build` makes them for this model, kept as build_plan keeps them
+        (tmp_path / "m.onnx").write_bytes(b"onnx")
+        model = parse_profile_text(f"""\
+triton:
+  model_repository: {tmp_path}/repo
+  models:
+    - name: resnet50
+      platform: tensorrt_plan
+      max_batch_size: 32
+      inputs: [{{name: input, data_type: FP16, dims: [3, 224, 224]}}]
+      outputs: [{{name: output, data_type: FP16, dims: [1000]}}]
+      build: {{onnx: m.onnx, fp16: true, opt_batch: 8}}
+""", str(tmp_path / "p.yaml")).section("triton").models[0]
+        flags = [a for a in tensorrt.trtexec_args(model.build, str(plan), model)
+                 if not a.startswith(("--onnx=", "--saveEngine=", "--calib="))]
+        assert "--optShapes=input:8x3x224x224" in flags
+        (tmp_path / os.path.basename(tensorrt.key_path(str(plan)))).write_text(json.dumps({"key": {"flags": flags}}))
+    return str(plan)
+
+
+@pytest.fixture
+def trtexec(tmp_path, monkeypatch):
+    monkeypatch.setattr("hkgpu_tune.serve.tensorrt.trtexec_path", lambda: STANDIN)
+    monkeypatch.setenv("STANDIN_TRTEXEC_LOG", str(tmp_path / "calls.log"))
+    return tmp_path / "calls.log"
+
+
+def test_trtexec_runs_the_plan_at_the_configured_batch(tmp_path, trtexec):
+    """trtexec --loadEngine with --shapes from the plan's build flags; its --exportTimes JSON is read
+    (the stand-in: 1 ms + 0.25 ms per image)."""
+    plan = standin_plan(tmp_path)
+    r = engine_bench.run(settings.Engine(batch=16, seconds=5, plan=plan), quick=False)
+    assert r["status"] == "ok" and r["tool"] == "trtexec" and r["batch"] == 16 and len(r["img_s"]) == 5, r
+    assert r["img_s"][0] == pytest.approx(16 * 1000 / 5.0) and r["latency_p50_ms"] == 5.0
+    assert all("--shapes=input:16x3x224x224" in ln.split() for ln in trtexec.read_text().splitlines())
+
+
+def test_trtexec_plan_without_build_flags_is_counted_at_the_batch_it_ran(tmp_path, trtexec):
+    """No shapes known: trtexec runs the dynamic input at 1, and the rate is of batch 1, not of the
+    profile's batch (which would overstate img/s 32-fold)."""
+    r = engine_bench.run(settings.Engine(batch=32, seconds=5, plan=standin_plan(tmp_path, key=False)), quick=False)
+    assert r["status"] == "ok" and r["batch"] == 1 and r["img_s"][0] == pytest.approx(1000 / 1.25), r
+    assert "trtexec ran batch 1" in r["note"]
+
+
+def test_trtexec_refusals_are_one_line_errors(tmp_path, trtexec):
+    r = engine_bench.run(settings.Engine(batch=64, plan=standin_plan(tmp_path)), quick=False)
+    assert r["status"] == "error" and "optimization profile [1x3x224x224, 32x3x224x224]" in r["reason"], r
+    bad = tmp_path / "bad.plan"
+    bad.write_bytes(b"x")
+    r = engine_bench.run(settings.Engine(plan=str(bad)), quick=False)
+    assert r == {"status": "error", "tool": "trtexec",
+                 "reason": "trtexec exited 1: [E] Error[1]: [runtime.cpp::deserializeCudaEngine] engine "
+                           "deserialization failed"}
+
+
+@pytest.mark.parametrize("argv,err", [(["--loadEngine=X", "--exportTime=t.json"], "Unknown option: --exportTime=t.json"),
+                                      (["--loadEngine=X", "--duration"], "Option --duration needs a value"),
+                                      (["--onnx=m.onnx"], "runs saved engines only")])
+def test_the_trtexec_standin_refuses_what_trtexec_refuses(tmp_path, argv, err):
+    p = subprocess.run([STANDIN, *argv], capture_output=True, text=True, cwd=tmp_path)
+    assert p.returncode == 1 and err in p.stderr, p.stderr
 
 
 def test_baseline_profile_section_errors_name_the_key(tmp_path):
@@ -103,7 +161,8 @@ def _netem_missing() -> str:
         p = sh("tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms", ns="hkbl-netemprobe", check=False)
         return "" if p.returncode == 0 else (
             "this kernel has no netem qdisc (sch_netem), so no delay or jitter can be added to a link here: "
-            "the RTT and jitter statistics are tested on recorded ping output instead (test_compare.py)")
+            "the RTT and jitter statistics are tested on recorded ping output here (test_compare.py) and the delay "
+            "itself on the VM test node, whose Debian kernel has netem (tests/vm/test_wan_vm.py)")
     finally:
         sh("ip", "netns", "del", "hkbl-netemprobe", check=False)
 

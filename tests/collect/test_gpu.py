@@ -56,6 +56,11 @@ def test_faults_in_nvml_shapes():
     assert g["temp_c"] is None and g["errors"] == {"temperature_c": "GPU is lost"}
     f = fams_of([g])
     assert sum(f["hkgpu_tune_gpu_nvml_errors"].values()) == 1
+    # counts and 0/1 flags in separate families
+    lab = (("gpu", "0"), ("uuid", g["uuid"]))
+    assert f["hkgpu_tune_gpu_remapped_rows"] == {tuple(sorted(lab + (("cause", "correctable"),))): 0,
+                                                 tuple(sorted(lab + (("cause", "uncorrectable"),))): 3}
+    assert f["hkgpu_tune_gpu_remap_pending"] == {lab: True} and f["hkgpu_tune_gpu_remap_failed"] == {lab: False}
     assert list(f["hkgpu_tune_gpu_temperature_celsius"].values()) == [None]    # left out of the textfile
     from hkgpu_tune.observe.collect import render
     assert not [ln for ln in render(gpu.families([g])) if ln.startswith("hkgpu_tune_gpu_temperature_celsius")]

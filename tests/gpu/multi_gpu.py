@@ -23,7 +23,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", ".."))
 
-from hkgpu_tune.subsystems.affinity import format_cpulist, parse_cpulist  # noqa: E402
+from hkgpu_tune.backends.topology import format_cpulist, parse_cpulist  # noqa: E402
 
 SETTINGS = ("index,pci.bus_id,persistence_mode,compute_mode,mig.mode.current,ecc.mode.current,power.limit,"
             "clocks.applications.graphics,clocks.applications.memory")
@@ -116,7 +116,7 @@ def compare(pl: dict, tp: dict | None, nodes: dict[int, list[int]], allc: list[i
 
 def topo(out: str) -> int:
     from hkgpu_tune.backends.procfs import SysFs
-    from hkgpu_tune.subsystems.affinity import numa_nodes, online_cpus, pci_device, service_placement, sysfs_pci
+    from hkgpu_tune.backends.topology import numa_nodes, online_cpus, pci_device, service_placement, sysfs_pci
     r = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True)
     if r.returncode != 0 or "CPU Affinity" not in r.stdout:
         print(f"nvidia-smi topo -m failed (exit {r.returncode}): {(r.stderr or r.stdout).strip()[:500]}")
@@ -225,7 +225,7 @@ def profile_doc(gpus: list[dict], place: dict[int, dict], ports=(8000, 8001, 800
 def profile(out: str) -> int:
     """Write OUT/profile-host.yaml (profile_doc of this host) and OUT/placement.json."""
     import yaml
-    from hkgpu_tune.subsystems.affinity import service_placement
+    from hkgpu_tune.backends.topology import service_placement
     b = _backends()
     try:
         n = b.nvml.count()

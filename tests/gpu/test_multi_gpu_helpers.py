@@ -8,10 +8,10 @@ import pytest
 import yaml
 
 from hkgpu_tune.core.profile import parse_profile_text
-from hkgpu_tune.subsystems.affinity import service_placement
+from hkgpu_tune.backends.topology import service_placement
 
 from tests.gpu import multi_gpu
-from tests.gpu_unit.conftest import backends, load, materialize
+from tests.gpu_unit.conftest import backends, load
 
 FIX = os.path.join(os.path.dirname(__file__), "..", "fixtures", "gpu")
 
@@ -46,15 +46,47 @@ def test_parse_topo_no_affinity_column():
         multi_gpu.parse_topo("NVIDIA-SMI has failed\n")
 
 
-def test_replayed_dgx_placement_matches_its_topo(tmp_path):
-    """The library's placement of the replayed DGX agrees with that host's topo -m, GPU by GPU."""
-    dgx = load("dgx-h100-8gpu.json")
-    root = materialize(dgx["tree"], tmp_path / "dgx")
-    b = backends(dgx["gpu"], root=root)
-    t = multi_gpu.parse_topo(topo_text("topo-m-dgx-h100.txt"))
-    for i in range(8):
-        pl = service_placement(b, i)
-        assert pl["cpus"] == t["gpus"][i]["cpus"] and pl["numa_node"] == t["gpus"][i]["numa"], (i, pl)
+A100 = os.path.join(FIX, "dgx-a100")
+
+
+def a100_host(root, bus_ids=None):
+    """Backends for the DGX A100 of tests/fixtures/gpu/dgx-a100: its sysfs files under root, and
+    NVML answering index -> PCI bus id only (no NUMA node, no CPU affinity: sysfs must be used)."""
+    with open(os.path.join(A100, "sysfs.txt")) as f:
+        for line in f:
+            if line.strip() and not line.startswith("#"):
+                path, text = line.rstrip("\n").split("\t")
+                os.makedirs(os.path.dirname(root / path.lstrip("/")), exist_ok=True)
+                (root / path.lstrip("/")).write_text(text + "\n")
+    if bus_ids is None:
+        with open(os.path.join(A100, "query-gpu.csv")) as f:
+            bus_ids = [line.split(",")[1].strip() for line in f if line.strip()]
+    gpus = [{"index": i, "pci_bus_id": b, "numa_node": None, "cpu_affinity": None} for i, b in enumerate(bus_ids)]
+    return backends({"driver": {}, "gpus": gpus}, root=str(root))
+
+
+def test_dgx_a100_placement_matches_its_recorded_topo(tmp_path):
+    """The library's placement (NVML's bus id -> sysfs numa_node and node cpulist) equals what
+    `nvidia-smi topo -m` printed on a DGX A100, GPU by GPU; the sources are separate files."""
+    t = multi_gpu.parse_topo(topo_text(os.path.join("dgx-a100", "topo-m.txt")))
+    b = a100_host(tmp_path)
+    got = {i: service_placement(b, i) for i in range(8)}
+    assert {i: (p["cpus"], p["numa_node"]) for i, p in got.items()} == \
+        {i: (t["gpus"][i]["cpus"], t["gpus"][i]["numa"]) for i in range(8)}
+    assert all(p["mems"] == [p["numa_node"]] and "sysfs" in p["source"] for p in got.values())
+    assert got[0]["numa_node"] == 3 and got[2]["numa_node"] == 1     # index order is not NUMA order
+
+
+def test_a_wrong_gpu_to_bus_mapping_does_not_match_the_topo(tmp_path):
+    """The comparison above can fail: NVML's bus ids of GPU0 and GPU2 swapped give GPU0 the CPUs
+    of NUMA node 1, which topo -m does not say."""
+    with open(os.path.join(A100, "query-gpu.csv")) as f:
+        buses = [line.split(",")[1].strip() for line in f if line.strip()]
+    buses[0], buses[2] = buses[2], buses[0]
+    t = multi_gpu.parse_topo(topo_text(os.path.join("dgx-a100", "topo-m.txt")))
+    b = a100_host(tmp_path, buses)
+    wrong = [i for i in range(8) if service_placement(b, i)["cpus"] != t["gpus"][i]["cpus"]]
+    assert wrong == [0, 2]
 
 
 def _doc(n):

@@ -3,6 +3,7 @@ import copy
 import json
 import os
 import tarfile
+import threading
 
 import pytest
 
@@ -70,6 +71,45 @@ class FakeSystemd:
             self.units.pop(unit, None)
         else:
             self.units[unit] = text
+
+
+class Persistenced(FakeSystemd):
+    """systemd with NVIDIA's nvidia-persistenced unit behind it, as documented in nvidia-persistenced(1)
+    and NVIDIA's "Driver Persistence" guide (the Persistence Daemon section): the daemon starts with
+    persistence mode enabled for every GPU unless started with --no-persistence-mode; it holds the
+    devices open while it runs, and on stop it lets them go (persistence off). The change shows in
+    NVML a moment after the start (`delay_s`), as on a real host. `nvml` is the host's ReplayNvml;
+    the state is changed in its facts, not through its set_persistence (whose writes it logs)."""
+
+    UNIT = "nvidia-persistenced.service"
+
+    def __init__(self, args=(), delay_s=0.2, **kw):
+        super().__init__(available=True, **kw)
+        self.args, self.delay_s, self.nvml, self.timers = list(args), delay_s, None, []
+
+    def _hold(self, on: bool):
+        def flip():
+            for g in self.nvml.facts["gpus"]:
+                g["persistence"] = on
+        t = threading.Timer(self.delay_s, flip)
+        self.timers.append(t)
+        t.start()
+
+    def enable(self, unit, now=True):
+        was = unit in self.active
+        super().enable(unit, now)
+        if unit == self.UNIT and now and not was:
+            self._hold("--no-persistence-mode" not in self.args)
+
+    def disable(self, unit, now=True):
+        was = unit in self.active
+        super().disable(unit, now)
+        if unit == self.UNIT and now and was:
+            self._hold(False)
+
+    def join(self):
+        for t in self.timers:
+            t.join()
 
 
 class FakeMps:

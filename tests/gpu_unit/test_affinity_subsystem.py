@@ -5,8 +5,8 @@ import pytest
 
 from hkgpu_tune.backends.procfs import SysFs
 from hkgpu_tune.tune.engine import Engine
-from hkgpu_tune.subsystems.affinity import (format_cpulist, irq_names, nics, parse_cpulist, service_placement,
-                                            set_irq_affinity)
+from hkgpu_tune.backends.topology import (format_cpulist, irq_names, nics, parse_cpulist, service_placement,
+                                         set_irq_affinity)
 
 from .conftest import FakeSystemd, backends, by_key, profile
 

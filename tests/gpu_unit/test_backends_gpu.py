@@ -8,7 +8,7 @@ from hkgpu_tune.backends.nvml import NO_LIBRARY, Nvml, cpus_from_masks
 from hkgpu_tune.backends.procfs import SysFs
 from hkgpu_tune.backends.sysfs_record import RecordingSysFs
 from hkgpu_tune.core.errors import UnsupportedError
-from hkgpu_tune.subsystems.affinity import nics
+from hkgpu_tune.backends.topology import nics
 
 
 def test_cpu_masks():
@@ -17,6 +17,9 @@ def test_cpu_masks():
 
 
 def fake_pynvml():
+    """pynvml as NVIDIA's NVML API reference describes it for two x86 GPUs: nvmlDeviceGetNumaNodeId
+    answers NVML_ERROR_NOT_SUPPORTED (the GPU is not a NUMA node), nvmlDeviceGetCpuAffinity a list
+    of 64-bit masks, nvmlDeviceGetPciInfo a busId of 8-digit domain; calls it lacks raise AttributeError."""
     m = types.ModuleType("pynvml")
 
     class NVMLError(Exception):

@@ -8,7 +8,7 @@ from hkgpu_tune.tune.engine import Engine
 from hkgpu_tune.core.errors import ProfileError
 from hkgpu_tune.core.report import exit_code
 
-from .conftest import FakeSystemd, backends, by_key, profile
+from .conftest import Persistenced, backends, by_key, profile
 
 BASE = "gpu:\n  persistence: true\n  compute_mode: default\n  pcie_check: true\n"
 
@@ -44,19 +44,49 @@ def test_persistence_off_is_fixed_through_nvml_and_rolled_back(h200_facts, tmp_p
     assert not errs and eng.b.nvml.writes[-1] == (0, "persistence", False)
 
 
+def _persistence(eng):
+    return [g["persistence"] for g in eng.b.nvml.facts["gpus"]]
+
+
 def test_persistence_through_the_daemon_where_installed(dgx, tmp_path):
-    """With nvidia-persistenced installed and systemd running, the fix is the service, not NVML."""
+    """With nvidia-persistenced installed and systemd running, the fix is the service, not NVML:
+    the daemon turns persistence on a moment after its start, the read-back waits for it, and the
+    rollback stops the service (the daemon lets the GPUs go)."""
     for g in dgx["gpu"]["gpus"]:
         g["persistence"] = False
-    sd = FakeSystemd(available=True)
+    sd = Persistenced()
     eng = engine(dgx["gpu"], tmp_path=tmp_path, systemd=sd, programs=["nvidia-persistenced"])
+    sd.nvml = eng.b.nvml
     changes, res = eng.plan()
     assert len(changes) == 8 and all(c.data["how"] == "service" for c in changes)
-    # the fake daemon does not flip the replayed state: the read-back must catch that
-    eng.by_name["gpu"].poll_s = 0.2
     rep = eng.apply()
-    assert ("enable", "nvidia-persistenced.service") in sd.calls
-    assert rep.error and rep.rolled_back and ("disable", "nvidia-persistenced.service") in sd.calls
+    assert not rep.error and not rep.rolled_back, rep.error
+    assert {r.status for r in rep.results if r.key == "persistence"} == {"ok"} and len(rep.results) >= 8
+    assert set(sd.calls) == {("enable", Persistenced.UNIT)} and sd.is_active(Persistenced.UNIT)
+    assert _persistence(eng) == [True] * 8 and eng.b.nvml.writes == []     # the daemon did it, not NVML
+    restored, errs = eng.rollback()
+    assert not errs and len(restored) == 8
+    assert ("disable", Persistenced.UNIT) in sd.calls and not sd.is_active(Persistenced.UNIT)
+    assert _persistence(eng) == [False] * 8 and eng.b.nvml.writes == []
+    sd.join()
+
+
+def test_persistence_daemon_that_does_not_enable_it_is_rolled_back(dgx, tmp_path):
+    """A site's unit that starts the daemon with --no-persistence-mode: the service runs, NVML still
+    says off, so the read-back fails after its poll, the apply is an error and the service is left
+    as it was (stopped)."""
+    for g in dgx["gpu"]["gpus"]:
+        g["persistence"] = False
+    sd = Persistenced(args=["--no-persistence-mode"])
+    eng = engine(dgx["gpu"], tmp_path=tmp_path, systemd=sd, programs=["nvidia-persistenced"])
+    sd.nvml = eng.b.nvml
+    eng.by_name["gpu"].poll_s = 0.5
+    rep = eng.apply()
+    assert rep.error and "gpu0 persistence: wrote True, NVML shows False" in rep.error and rep.rolled_back
+    assert sd.calls[0] == ("enable", Persistenced.UNIT) and ("disable", Persistenced.UNIT) in sd.calls
+    assert not sd.is_active(Persistenced.UNIT)
+    sd.join()
+    assert _persistence(eng) == [False] * 8 and eng.b.nvml.writes == []
 
 
 def test_pcie_width_degraded_is_drift_not_fixable(dgx):

@@ -4,6 +4,7 @@ runs under a timeout, so no test can hang."""
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -42,6 +43,13 @@ class Net(Pair):
         return json.loads(sh("ip", "-j", "-n", ns or self.A, "link", "show", dev or self.a).stdout)[0]
 
     def routes(self, *sel, ns=None):
+        # the kernel adds a link's fe80:: local route when duplicate address detection ends:
+        # read routes only once no address is tentative (a snapshot taken before raced it)
+        deadline = time.monotonic() + 10
+        while sh("ip", "-n", ns or self.A, "-6", "addr", "show", "tentative").stdout.strip():
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         return sh("ip", "-n", ns or self.A, *sel).stdout
 
     def hk(self, *args, state=None, ns=None):

@@ -39,7 +39,9 @@ def test_a_held_lock_makes_apply_and_rollback_fail_fast(tmp_path):
 
 @pytest.mark.root
 def test_two_applies_at_once_one_fails_fast_and_no_original_is_lost(net, tmp_path):
-    p, st = kill_profile(tmp_path, net, count=8), tmp_path / "st"   # the probe keeps the first busy ~2 s
+    # the probe keeps the first busy ~5 s: the second apply and the rollback (two interpreter starts)
+    # must both run inside it, also on a loaded CI machine (count=8, ~2 s, was too short there)
+    p, st = kill_profile(tmp_path, net, count=20), tmp_path / "st"
     start = settings(net)
     first = subprocess.Popen(argv(net, "apply", "--profile", p, "--state-dir", str(st)),
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -24,7 +24,8 @@ hkgpu_tune_nic_dropped_total hkgpu_tune_nic_errors_total hkgpu_tune_nic_queue_dr
 hkgpu_tune_tcp_retransmitted_segments_total hkgpu_tune_tcp_sent_segments_total
 hkgpu_tune_gpu_utilization_ratio hkgpu_tune_gpu_memory_used_bytes hkgpu_tune_gpu_memory_total_bytes
 hkgpu_tune_gpu_temperature_celsius hkgpu_tune_gpu_power_watts hkgpu_tune_gpu_throttle
-hkgpu_tune_gpu_ecc_errors_total hkgpu_tune_gpu_remapped_rows hkgpu_tune_gpu_pcie_link_gen
+hkgpu_tune_gpu_ecc_errors_total hkgpu_tune_gpu_remapped_rows hkgpu_tune_gpu_remap_pending
+hkgpu_tune_gpu_remap_failed hkgpu_tune_gpu_pcie_link_gen hkgpu_tune_exporter_present
 hkgpu_tune_gpu_pcie_link_width hkgpu_tune_xid_events hkgpu_tune_kernel_events
 hkgpu_tune_health_status hkgpu_tune_health_check""".split()
 
@@ -98,13 +99,45 @@ def test_verify_failing_is_a_down_collector_not_a_crash(tmp_path, replayed):
     assert "hkgpu_tune_setting_status" not in names(smp) and "hkgpu_tune_gpu_throttle" in names(smp)
 
 
-@pytest.mark.skipif(not shutil.which("promtool"), reason="needs promtool (Debian's prometheus, scripts/apt-packages.txt)")
+NO_PROMTOOL = "needs promtool (Debian's prometheus, scripts/apt-packages.txt)"
+
+
+def promtool_says(text: str) -> str:
+    """What `promtool check metrics` has to say (it also lints names: units, _total on counters)."""
+    p = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True)
+    return f"rc {p.returncode}: {p.stdout}{p.stderr}" if p.returncode or (p.stdout + p.stderr).strip() else ""
+
+
+@pytest.mark.skipif(not shutil.which("promtool"), reason=NO_PROMTOOL)
 def test_promtool_accepts_the_textfile(tmp_path, replayed):
     prof, eng, src = replayed
     rep = X.export(prof, str(tmp_path), engine=eng, sources=src)
-    p = subprocess.run(["promtool", "check", "metrics"], input=rep.text, capture_output=True, text=True)
-    # promtool also lints names (units, _total on counters): nothing to say is the bar
-    assert p.returncode == 0 and not (p.stdout + p.stderr).strip(), p.stdout + p.stderr
+    assert promtool_says(rep.text) == ""          # nothing to say is the bar
+
+
+@pytest.mark.skipif(not shutil.which("promtool") or not shutil.which("ping"), reason=NO_PROMTOOL + " and ping")
+def test_promtool_accepts_the_textfile_with_probes(tmp_path):
+    """`export --probes` as a whole process: RTT quantiles, jitter, loss, the profile's expectations
+    and the MTU probe, towards peers on loopback (one answers, one WAN peer with thresholds)."""
+    prof = tmp_path / "p.yaml"
+    prof.write_text("name: probes-lint\nnetwork:\n  interfaces:\n    - match: {name: lo}\n      mtu: 1500\n"
+                    "  fabric_peers: [127.0.0.1]\n"
+                    "  wan_peers:\n    - {address: 127.0.0.2, name: hk-sg, rtt_ms: 40, jitter_ms: 8}\n"
+                    "  probe: {gateway: false}\n")
+    d = tmp_path / "tf"
+    d.mkdir()
+    r = cli("--probes", "--textfile-dir", str(d), "--profile", str(prof), "--state-dir", str(tmp_path / "st"))
+    assert r.returncode in (0, 2), r.stderr
+    text = (d / "hkgpu-tune.prom").read_text()
+    smp = samples(text)
+    # the probe families are there (else the lint proves nothing about them)
+    for n in ("hkgpu_tune_peer_rtt_p50_seconds", "hkgpu_tune_peer_rtt_p99_seconds", "hkgpu_tune_peer_jitter_seconds",
+              "hkgpu_tune_peer_loss_ratio",
+              "hkgpu_tune_peer_rtt_expected_seconds", "hkgpu_tune_peer_jitter_threshold_seconds"):
+        assert n in names(smp), n
+    fab = (("kind", "fabric"), ("peer", "127.0.0.1"))
+    assert 0 < smp[("hkgpu_tune_peer_rtt_p99_seconds", fab)] < 0.1
+    assert promtool_says(text) == ""
 
 
 # ---- the command as a whole process
@@ -215,14 +248,17 @@ network:
                             "--textfile-dir", str(d), "--profile", str(prof), "--state-dir", str(tmp_path / "st")],
                            capture_output=True, text=True, cwd=REPO, timeout=120)
         assert r.returncode in (0, 2), r.stderr
-        smp = samples((d / "hkgpu-tune.prom").read_text())
+        text = (d / "hkgpu-tune.prom").read_text()
     finally:
         p.remove()
+    smp = samples(text)
+    if shutil.which("promtool"):   # the --probes form through the real promtool: nothing to say
+        assert promtool_says(text) == ""
     fab = (("kind", "fabric"), ("peer", p.ipb))
-    assert 0 < smp[("hkgpu_tune_peer_rtt_seconds", fab + (("quantile", "0.99"),))] < 0.1
+    assert 0 < smp[("hkgpu_tune_peer_rtt_p99_seconds", fab)] < 0.1
     assert smp[("hkgpu_tune_peer_loss_ratio", fab)] == 0.0 and ("hkgpu_tune_peer_jitter_seconds", fab) in smp
     wan = (("kind", "wan"), ("peer", "hk-sg"))
-    assert smp[("hkgpu_tune_peer_loss_ratio", wan)] == 1.0 and ("hkgpu_tune_peer_rtt_seconds", wan + (("quantile", "0.5"),)) not in smp
+    assert smp[("hkgpu_tune_peer_loss_ratio", wan)] == 1.0 and ("hkgpu_tune_peer_rtt_p50_seconds", wan) not in smp
     assert smp[("hkgpu_tune_peer_rtt_expected_seconds", wan)] == 0.04
     assert smp[("hkgpu_tune_peer_jitter_threshold_seconds", wan)] == 0.008
     assert ("hkgpu_tune_peer_jitter_threshold_seconds", fab) not in smp

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from hkgpu_tune.observe import collect
-from hkgpu_tune.observe import health
+from hkgpu_tune.observe import health, health_config
 from hkgpu_tune.backends.nvml import ReplayNvml
 from hkgpu_tune.core.errors import UnsupportedError
 from hkgpu_tune.core.profile import parse_profile_text
@@ -36,7 +36,7 @@ def test_section_parses_with_defaults_and_values():
     assert c.on_unhealthy == ("/usr/local/bin/drain", "--reason", "gpu") and c.on_healthy is None
     assert (c.hook_timeout_s, c.hold_down_s, c.ecc_uncorrected_max) == (5.0, 600.0, 0)
     d = health.config_of(prof("name: x\n"))
-    assert d == health.HealthConfig() and d.xids == health.DEFAULT_XIDS
+    assert d == health.HealthConfig() and d.xids == health_config.DEFAULT_XIDS
 
 
 def test_nic_errors_rising_between_runs(tmp_path):

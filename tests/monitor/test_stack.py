@@ -40,6 +40,9 @@ pytestmark = [
 
 PROFILE = """\
 name: monitor-stack
+# both metric sets in one Prometheus (the rules and dashboard name each): the export keeps its NIC
+# and TCP counters although node_exporter (with netdev and netstat) runs beside it
+export: {node_exporter: false, dcgm_exporter: false}
 network:
   interfaces:
     - match: {name: hkmon0}
@@ -172,7 +175,7 @@ def stack(tmp_path_factory):
         procs.append(start([BINS["prometheus-node-exporter"], f"--web.listen-address=127.0.0.1:{ne_port}",
                             f"--collector.textfile.directory={textdir}", "--collector.disable-defaults",
                             "--collector.textfile", "--collector.cpu", "--collector.meminfo",
-                            "--collector.loadavg", "--collector.netdev"], log))
+                            "--collector.loadavg", "--collector.netdev", "--collector.netstat"], log))
         conf = root / "prometheus"
         shutil.copytree(os.path.join(MON, "prometheus"), conf, ignore=shutil.ignore_patterns("tests", "targets"))
         cfg = yaml.safe_load((conf / "prometheus.yml").read_text())
@@ -323,12 +326,15 @@ def test_every_metric_the_rules_and_dashboard_name_is_exported(stack):
     absent_here = {
         "nv_gpu_utilization": "Triton's GPU metrics: no GPU here",
     }
+    absent_prefix = ("DCGM_FI_",)   # dcgm-exporter's: no GPU here (its rule tests: promtool test rules)
     names = set(get(stack["port"], "/api/v1/label/__name__/values")["data"])
     exprs = [e for _, _, e in panel_queries(dashboard())]
     for f in sorted(os.listdir(os.path.join(MON, "prometheus", "rules"))):
         with open(os.path.join(MON, "prometheus", "rules", f)) as fh:
             exprs += [r["expr"] for g in yaml.safe_load(fh)["groups"] for r in g["rules"]]
     used = set(re.findall(r"\b((?:hkgpu_tune|nv|node)_[A-Za-z0-9_]+)", "\n".join(exprs)))
+    assert set(re.findall(r"\b(DCGM_FI_[A-Z_]+)", "\n".join(exprs)))   # where dcgm-exporter runs
+    used = {n for n in used if not n.startswith(absent_prefix)}
     assert len(used) > 30
     missing = used - names - set(absent_here)
     assert missing == set(), f"named by rules or dashboard, not exported: {sorted(missing)}"

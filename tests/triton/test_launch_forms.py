@@ -103,13 +103,19 @@ def test_container_unit_runs_the_container_in_the_foreground(tmp_path):
 def test_cpu_list_and_placement_fallback(tmp_path, monkeypatch):
     assert launch.cpu_list([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
     assert launch.cpu_list([3]) == "3"
-    import hkgpu_tune.subsystems.affinity as aff
-    monkeypatch.delattr(aff, "service_placement")
+    import os
+    from hkgpu_tune.backends import topology
+    from hkgpu_tune.core.errors import HkError
     t = section(tmp_path)
     p = launch.placement(t)
-    import os
+    assert p["cpus"] == sorted(os.sched_getaffinity(0)) and p["source"] == "no GPU named; all CPUs"
+
+    def unreadable(backends, gpu):
+        raise HkError("GPU 0: NVML is not available")
+    monkeypatch.setattr(topology, "service_placement", unreadable)
+    p = launch.placement(section(tmp_path, gpu=0))
     assert p["cpus"] == sorted(os.sched_getaffinity(0))
-    assert p["source"] == "affinity subsystem unavailable"
+    assert p["source"] == "placement: GPU 0: NVML is not available; all CPUs"
 
 
 def test_a_process_whose_arguments_are_not_yet_set_up_is_not_gone():

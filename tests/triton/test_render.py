@@ -12,7 +12,7 @@ from tritonclient.grpc import model_config_pb2
 
 from hkgpu_tune.core.errors import ProfileError
 from hkgpu_tune.core.profile import load_profile, parse_profile_text
-from hkgpu_tune.subsystems.triton import check_models
+from hkgpu_tune.serve.render import check_models
 from hkgpu_tune.serve import render
 
 from .conftest import MODEL_PY, dump, profile_dict
@@ -189,13 +189,15 @@ def test_tritonclient_without_grpc_extras_is_a_clear_error(tmp_path):
 
 
 def test_parsing_imports_no_service_code_and_plan_checks_the_schema(tmp_path):
-    """Parsing a profile with a triton section imports neither hkgpu_tune.serve nor tritonclient
-    (a wrong config field is found at plan time, with its file, line and key path)."""
+    """Parsing a profile with a triton section imports only the section's schema (serve.config):
+    no service code and no tritonclient (a wrong config field is found at plan time, with its
+    file, line and key path)."""
     f = tmp_path / "p.yaml"
     f.write_text(GOOD.replace("data_type: FP32\n          dims", "data_type: FP33\n          dims"))
     code = ("import sys\nfrom hkgpu_tune.core.profile import load_profile\n"
             f"t = load_profile({str(f)!r}).section('triton')\n"
-            "print(sorted(m for m in sys.modules if m.startswith(('hkgpu_tune.serve', 'tritonclient', 'google.protobuf'))))")
+            "print(sorted(m for m in sys.modules if m.startswith(('hkgpu_tune.serve', 'tritonclient', 'google.protobuf'))"
+        " and m not in ('hkgpu_tune.serve', 'hkgpu_tune.serve.config')))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"

@@ -13,7 +13,7 @@ import pytest
 
 from hkgpu_tune.core.errors import HkError, ProfileError
 from hkgpu_tune.core.profile import parse_profile_text
-from hkgpu_tune.subsystems.triton import TORCH_MODEL, Build, choose_engine
+from hkgpu_tune.serve.config import TORCH_MODEL, Build, choose_engine
 from hkgpu_tune.serve.torch_model import graph_batches
 
 PROFILE = """\
@@ -79,7 +79,7 @@ def test_a_torch_model_is_served_by_the_backend_asked_for_with_the_engine_file(t
     (True, False, ("python", "hkbatch unavailable: this Python")),
 ])
 def test_auto_picks_hkbatch_where_it_builds_and_says_why_not(monkeypatch, have_cxx, have_lib, want):
-    from hkgpu_tune.subsystems.triton import choose_backend
+    from hkgpu_tune.serve.config import choose_backend
     from hkgpu_tune.serve import batch_backend
     monkeypatch.setattr(batch_backend, "compiler", lambda: "/usr/bin/c++" if have_cxx else None)
     monkeypatch.setattr(batch_backend, "python_library", lambda: "/usr/lib/libpython3.11.so.1.0" if have_lib else None)

@@ -63,7 +63,7 @@ def test_flags_reach_ansible_playbook_and_check_shows_the_diff(rack):
     out = p.stdout
     assert "\x1b[" not in out, out   # not a terminal: no colour codes
     flags = "tags=link,sysctl skip=qdisc limit=node1 forks=7 verbosity=2 check=True diff=True"
-    assert f"node1: failed ok=1 changed=1 failed=1 unreachable=0: {flags}" in out.splitlines(), out
+    assert f"node1: failed ok=1 changed=1 failed=1 unreachable=0: {flags}" in unwrap(out), out
     assert "node2" not in out.replace("node2.conf", "")   # --limit
     # --check: the diff as ansible --diff shows it, and nothing changed
     conf = rack["dir"] / "node1.conf"
@@ -74,9 +74,32 @@ def test_flags_reach_ansible_playbook_and_check_shows_the_diff(rack):
     assert p.returncode == 1, p.stderr
 
 
+def unwrap(text: str) -> list[str]:
+    """Lines as printed before wrapping at 80 columns (continuations are indented 4)."""
+    out: list[str] = []
+    for ln in text.splitlines():
+        if ln.startswith("    ") and out:
+            out[-1] += " " + ln.strip()
+        else:
+            out.append(ln)
+    return out
+
+
+TASK = re.compile(r"^(\S+) (ok|changed|failed|unreachable): (.*)$")
+
+
 def test_plain_lines_per_host_and_defaults(rack):
     p = hk(rack)
-    lines = p.stdout.splitlines()
+    assert not [ln for ln in p.stdout.splitlines() if len(ln) > 80], p.stdout
+    lines = unwrap(p.stdout)
+    # each host's task as it finished, then one line per host and the total
+    tasks = [TASK.match(ln).groups() for ln in lines if TASK.match(ln)]
+    assert sorted(tasks) == [("node1", "changed", "a file that check mode would change"),
+                             ("node1", "failed", "the flags ansible-playbook was given"),
+                             ("node2", "changed", "a file that check mode would change"),
+                             ("node2", "failed", "the flags ansible-playbook was given")], p.stdout
+    assert lines.index([ln for ln in lines if TASK.match(ln)][-1]) < len(tasks)   # streamed before the summary
+    lines = [ln for ln in lines if not TASK.match(ln)]
     assert [ln.split(":")[0] for ln in lines] == ["node1", "node2", "verify.yml"], p.stdout
     for h in ("node1", "node2"):
         assert f"{h}: failed ok=1 changed=1 failed=1 unreachable=0: tags=all skip= limit= forks=5 verbosity=0 " \
@@ -84,6 +107,22 @@ def test_plain_lines_per_host_and_defaults(rack):
     assert re.fullmatch(r"verify\.yml: 2 host\(s\), 2 failed, \d+\.\d s", lines[-1])
     assert (rack["dir"] / "node1.conf").read_text() == "mtu 9000\n"   # not --check: applied
     assert p.stderr == "" and p.returncode == 1
+
+
+def test_diff_without_check_and_extra_vars_from_a_file(rack, tmp_path):
+    """--diff alone: applied, and the diff shown; -e @FILE: YAML variables, as ansible-playbook takes them."""
+    (tmp_path / "vars.yml").write_text(f"target_file: {tmp_path / 'other.conf'}\n")
+    (tmp_path / "other.conf").write_text("mtu 1500\n")
+    p = hk(rack, "--diff", "-l", "node1", "-e", f"@{tmp_path / 'vars.yml'}")
+    assert "check=False diff=True" in " ".join(unwrap(p.stdout)), p.stdout
+    assert "--- node1: a file that check mode would change" in p.stdout and "+mtu 9000" in p.stdout
+    assert (tmp_path / "other.conf").read_text() == "mtu 9000\n"           # the file's variable won
+    assert (rack["dir"] / "node1.conf").read_text() == "mtu 1500\n"
+    (tmp_path / "bad.yml").write_text("target_file: [unclosed\n")
+    for arg, msg in ((f"@{tmp_path / 'bad.yml'}", f"--extra-vars @{tmp_path / 'bad.yml'}:2: not valid YAML"),
+                     (f"@{tmp_path / 'none.yml'}", "No such file or directory")):
+        p = hk(rack, "-e", arg)
+        assert p.returncode == 1 and p.stdout == "" and msg in p.stderr and p.stderr.count("\n") == 1, p.stderr
 
 
 def test_json_envelope_with_the_diffs(rack):

@@ -58,7 +58,7 @@ def _printed_json_not_enveloped(path: str) -> list[str]:
 
 
 def test_json_is_printed_only_inside_the_envelope():
-    files = glob.glob(os.path.join(ROOT, "hkgpu_tune", "cli", "*.py")) + [os.path.join(ROOT, "hkgpu_tune", "rack.py")]
+    files = glob.glob(os.path.join(ROOT, "hkgpu_tune", "cli", "*.py")) + [os.path.join(ROOT, "hkgpu_tune", "fleet", "rack.py"), os.path.join(ROOT, "hkgpu_tune", "fleet", "baseline_rack.py")]
     bad = [b for f in files for b in _printed_json_not_enveloped(f)]
     assert not bad, f"print(json.dumps(...)) without report.envelope: {bad}"
 
@@ -76,7 +76,7 @@ def hk(*args):
 
 def test_man_page_names_every_command():
     p = hk("man")
-    assert p.returncode == 0 and p.stdout.startswith(".TH HKGPU\\-TUNE 1 ")
+    assert p.returncode == 0 and p.stdout.startswith(".TH HKGPU\\-TUNE 8 ")   # section 8: system administration
     for name, _ in leaves(parser([])):
         assert f".SS {name}".replace("-", "\\-") in p.stdout, name
     assert "exit codes:" in p.stdout

@@ -2,7 +2,7 @@
 gpus [0..N-1]), each instance pinned to its GPU's local CPUs.
 
 The CPU lists (plain comma lists) come from the model config's parameters `cpus_gpu<N>`, which tests/gpu/multi_gpu.py
-fills in from hkgpu_tune.subsystems.affinity.service_placement() (the library's placement). Every
+fills in from hkgpu_tune.backends.topology.service_placement() (the library's placement). Every
 thread of the stub process is pinned in initialize(), before torch starts its own threads.
 
 OUTPUT0 = 2 * INPUT0 computed on the instance's GPU; GPU = the device the instance runs on;

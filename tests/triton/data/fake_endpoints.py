@@ -1,5 +1,7 @@
 """A stand-in for tritonserver's start-up order: gRPC, then HTTP (ready at once), then metrics
-`delay` seconds later (tritonserver starts its metrics endpoint last).
+`delay` seconds later (tritonserver starts its metrics endpoint last: StartEndpoints in
+triton-inference-server/server src/main.cc; /metrics in the text format of Prometheus' exposition
+format document). Positional arguments only, checked:
     fake_endpoints.py HTTP_PORT GRPC_PORT METRICS_PORT DELAY_S (a negative delay: never)"""
 import socket
 import sys
@@ -24,6 +26,8 @@ def serve(port):
     threading.Thread(target=ThreadingHTTPServer(("127.0.0.1", port), Ok).serve_forever, daemon=True).start()
 
 
+if len(sys.argv) != 5:
+    sys.exit(f"usage: {sys.argv[0]} HTTP_PORT GRPC_PORT METRICS_PORT DELAY_S")
 http, grpc, metrics, delay = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
 g = socket.socket()
 g.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

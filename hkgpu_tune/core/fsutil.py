@@ -1,0 +1,115 @@
+"""The one way this tool writes a file: a temporary file made exclusively in the destination's
+directory, fsync of file and directory, then rename; links are never followed and nothing but a
+regular file is ever replaced.
+
+>>> atomic_write("/tmp/x.prom", b"up 1\\n", mode=0o644)   # doctest: +SKIP
+"""
+from __future__ import annotations
+
+import os
+import stat
+
+from hkgpu_tune.core.errors import HkError
+
+
+def _check_dest(path: str) -> None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        kind = "a link" if stat.S_ISLNK(st.st_mode) else "not a regular file"
+        raise HkError(f"{path}: refusing to replace it: it is {kind}")
+
+
+def fsync_dir(directory: str) -> None:
+    fd = os.open(directory or ".", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str, data, mode: int = 0o644, uid: int | None = None,
+                 gid: int | None = None) -> None:
+    """Write `data` (bytes, str, or a binary file object, copied in chunks) to `path` atomically.
+    Raises HkError naming the path on any failure."""
+    if isinstance(data, str):
+        data = data.encode()
+    directory = os.path.dirname(path) or "."
+    _check_dest(path)
+    tmp = None
+    try:
+        for i in range(100):
+            cand = os.path.join(directory, f".{os.path.basename(path)}.{os.getpid()}.{i}.tmp")
+            try:
+                fd = os.open(cand, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+            except FileExistsError:
+                continue
+            tmp = cand
+            break
+        else:
+            raise HkError(f"{path}: cannot make a temporary file in {directory}")
+        try:
+            os.fchmod(fd, mode)
+            if uid is not None or gid is not None:
+                os.fchown(fd, -1 if uid is None else uid, -1 if gid is None else gid)
+            for chunk in iter(lambda: data.read(1 << 20), b"") if hasattr(data, "read") else (data,):
+                view = memoryview(chunk)
+                while view:
+                    n = os.write(fd, view)
+                    view = view[n:]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        _check_dest(path)
+        os.replace(tmp, path)
+        tmp = None
+        fsync_dir(directory)
+    except PermissionError as e:
+        raise HkError(f"{path}: cannot write: permission denied", e.errno) from None
+    except OSError as e:
+        raise HkError(f"{path}: cannot write: {e.strerror}", e.errno) from None
+    finally:
+        if tmp is not None:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+
+
+class _Pinned:
+    """A file read in chunks while its sha256 is taken; at the end, HkError unless it is `sha256`."""
+
+    def __init__(self, f, path: str, sha256: str, what: str):
+        import hashlib
+        self.f, self.path, self.want, self.what = f, path, sha256, what
+        self.h = hashlib.sha256()
+
+    def read(self, n: int) -> bytes:
+        chunk = self.f.read(n)
+        if chunk:
+            self.h.update(chunk)
+        elif self.h.hexdigest() != self.want:
+            raise HkError(f"{self.what}: {self.path} has sha256 {self.h.hexdigest()}, not the {self.want} pinned")
+        return chunk
+
+
+def open_regular(path: str, what: str):
+    """A binary file object for a regular file (a link is followed; a FIFO, device or directory is refused)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    except OSError as e:
+        raise HkError(f"{what}: {path}: cannot read: {e.strerror}", e.errno) from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise HkError(f"{what}: {path}: not a regular file")
+    return os.fdopen(fd, "rb")
+
+
+def copy_pinned(src: str, dst: str, sha256: str, what: str, mode: int = 0o644) -> None:
+    """Copy src to dst (atomic_write) only if its content has the sha256 the caller pins: the bytes
+    hashed are the bytes written, so a file swapped or altered meanwhile never lands. Content pinned by
+    a trusted profile needs no trusted owner; nothing else is read from src."""
+    with open_regular(src, what) as f:
+        atomic_write(dst, _Pinned(f, src, sha256, what), mode)

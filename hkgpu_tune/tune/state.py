@@ -1,0 +1,212 @@
+"""The state directory: state.json (the saved originals, typed and validated entries) and its lock.
+
+Nothing on disk is trusted: the directory must belong to the user running the tool and not be
+writable by group or others; state.json must be a regular file of ours (not a link), of bounded
+size, and every entry must pass its setting type's validation, or the whole file is refused
+before anything is written.
+
+>>> st = State("/var/lib/hkgpu-tune")          # doctest: +SKIP
+>>> with st.lock():                              # doctest: +SKIP
+...     changes = st.load()
+"""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import stat
+import time
+from contextlib import contextmanager
+
+from hkgpu_tune.tune import settings
+from hkgpu_tune.core.errors import HkError, LockError, StateError
+from hkgpu_tune.core.fsutil import atomic_write
+from hkgpu_tune.core.report import Change
+
+DEFAULT_STATE_DIR = "/var/lib/hkgpu-tune"
+STATE_FILE = "state.json"
+LOCK_FILE = "lock"
+MAX_BYTES = 16 * 1024 * 1024
+LOG_MAX = 500          # journal events kept in the file (the latest)
+
+# per process: state dir -> [fd, depth] (apply then persist in one process take it twice)
+_held: dict[str, list] = {}
+
+
+def _check_owned(path: str, st: os.stat_result, what: str) -> None:
+    euid = os.geteuid()
+    if st.st_uid != euid:
+        raise StateError(f"{path}: the {what} belongs to uid {st.st_uid}, not to the user running "
+                         f"hkgpu-tune (uid {euid}): refused")
+    if st.st_mode & 0o022:
+        raise StateError(f"{path}: the {what} is writable by group or others "
+                         f"(mode {stat.S_IMODE(st.st_mode):04o}): refused (chmod go-w it)")
+
+
+class State:
+    """The originals of everything apply changed, on disk (atomic, owner-only)."""
+
+    def __init__(self, state_dir: str | None = None):
+        d = state_dir or os.environ.get("HKGPU_TUNE_STATE_DIR") or DEFAULT_STATE_DIR
+        self.dir = os.path.abspath(d)
+        self.path = os.path.join(self.dir, STATE_FILE)
+        self.log: list[dict] = []     # the journal's events, kept with the entries
+
+    # ------------------------------------------------------------ the directory
+    def check_dir(self, create: bool = False) -> bool:
+        """True when the directory exists and is trusted; False when it is missing (and not made).
+        Raises StateError for a link, a non-directory, a foreign owner or a group/world-writable mode."""
+        try:
+            st = os.lstat(self.dir)
+        except FileNotFoundError:
+            if not create:
+                return False
+            try:
+                os.makedirs(os.path.dirname(self.dir), mode=0o755, exist_ok=True)
+                os.mkdir(self.dir, 0o700)
+                os.chmod(self.dir, 0o700)
+            except FileExistsError:
+                pass
+            except PermissionError as e:
+                raise HkError(f"{self.dir}: cannot make the state directory: permission denied (run as root "
+                              f"or pass --state-dir)", e.errno) from None
+            except OSError as e:
+                raise HkError(f"{self.dir}: cannot make the state directory: {e.strerror}", e.errno) from None
+            st = os.lstat(self.dir)
+        except OSError as e:
+            raise StateError(f"{self.dir}: cannot read the state directory: {e.strerror}") from None
+        if stat.S_ISLNK(st.st_mode):
+            raise StateError(f"{self.dir}: the state directory is a symbolic link: refused")
+        if not stat.S_ISDIR(st.st_mode):
+            raise StateError(f"{self.dir}: the state directory is not a directory: refused")
+        _check_owned(self.dir, st, "state directory")
+        return True
+
+    # ------------------------------------------------------------ the lock
+    @contextmanager
+    def lock(self):
+        """Hold the state directory's lock (non-blocking: another holder is a LockError naming its pid)."""
+        self.check_dir(create=True)
+        held = _held.get(self.dir)
+        if held:
+            held[1] += 1
+            try:
+                yield
+            finally:
+                held[1] -= 1
+            return
+        path = os.path.join(self.dir, LOCK_FILE)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise StateError(f"{path}: the lock file is a symbolic link: refused") from None
+            raise HkError(f"{path}: cannot open the lock file: {e.strerror}", e.errno) from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise StateError(f"{path}: the lock file is not a regular file: refused")
+            _check_owned(path, st, "lock file")
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                pid = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+                raise LockError(f"{self.dir}: another hkgpu-tune apply, rollback or health run holds the lock (pid {pid}); "
+                                "try again when it has finished") from None
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        _held[self.dir] = [fd, 1]
+        try:
+            yield
+        finally:
+            del _held[self.dir]
+            os.close(fd)   # releases the lock (a kill releases it too)
+
+    # ------------------------------------------------------------ state.json
+    def _read(self) -> bytes | None:
+        if not self.check_dir():
+            return None
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        except FileNotFoundError:
+            return None
+        except OSError as e:
+            if e.errno == errno.ELOOP:
+                raise StateError(f"{self.path}: the state file is a symbolic link: refused") from None
+            raise StateError(f"{self.path}: cannot read the saved originals: {e.strerror}") from None
+        try:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode):
+                raise StateError(f"{self.path}: the state file is not a regular file: refused")
+            _check_owned(self.path, st, "state file")
+            if st.st_size > MAX_BYTES:
+                raise StateError(f"{self.path}: the state file is {st.st_size} bytes, over the "
+                                 f"{MAX_BYTES} allowed: refused")
+            with os.fdopen(os.dup(fd), "rb") as f:
+                data = f.read(MAX_BYTES + 1)
+            if len(data) > MAX_BYTES:
+                raise StateError(f"{self.path}: the state file grew over {MAX_BYTES} bytes: refused")
+            return data
+        finally:
+            os.close(fd)
+
+    def load(self) -> list[Change]:
+        """The saved originals, oldest first; [] when there are none. Refuses the whole file when
+        anything in it is malformed, foreign or fails validation."""
+        data = self._read()
+        if data is None:
+            self.log = []
+            return []
+        try:
+            doc = json.loads(data)
+        except (ValueError, RecursionError) as e:
+            raise StateError(f"{self.path}: not valid JSON ({e}): refused; nothing was changed") from None
+        if not isinstance(doc, dict) or doc.get("format") not in (1, 2):
+            raise StateError(f"{self.path}: not a hkgpu-tune state file (format 1 or 2 expected): "
+                             "refused; nothing was changed")
+        key = "changes" if doc["format"] == 1 else "entries"
+        items = doc.get(key)
+        if not isinstance(items, list):
+            raise StateError(f"{self.path}: '{key}' is not a list: refused; nothing was changed")
+        out = []
+        for i, e in enumerate(items):
+            try:
+                c = settings.from_v1(e) if doc["format"] == 1 else settings.from_entry(e)
+            except ValueError as err:
+                raise StateError(f"{self.path}: {key}[{i}]{settings.describe(e)}: {err}: refused; "
+                                 "nothing was changed") from None
+            out.append(c)
+        log = doc.get("log", [])
+        self.log = log[-LOG_MAX:] if isinstance(log, list) else []
+        return out
+
+    def save(self, changes: list[Change]) -> None:
+        """Write the entries (and the journal's events); no entries left: the file is removed."""
+        if not changes:
+            self.clear()
+            return
+        self.check_dir(create=True)
+        entries = []
+        for c in changes:
+            try:
+                entries.append(settings.to_entry(c))
+            except ValueError as e:
+                raise StateError(f"{self.path}: will not save {c.subsystem} {c.target} {c.key}: {e} "
+                                 "(a setting no type allows)") from None
+        doc = {"format": 2, "tool": "hkgpu-tune", "saved": time.time(), "entries": entries,
+               "log": self.log[-LOG_MAX:]}
+        atomic_write(self.path, json.dumps(doc, indent=1, default=str) + "\n", mode=0o600)
+
+    def clear(self) -> None:
+        if not self.check_dir():
+            return
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            return
+        from hkgpu_tune.core.fsutil import fsync_dir
+        fsync_dir(self.dir)
