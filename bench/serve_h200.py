@@ -1,8 +1,10 @@
 """Serve and prove on the H200, side by side in one run (at most 10 minutes):
 
   naive   eager fp32 ResNet-50, batch 1, one request at a time, a plain HTTP server (bench/naive_server.py)
-  tuned   the toolkit's Triton service (`hkgpu-tune triton start`) with the config `triton sweep` found
-          best under the p99 SLO, MPS where it helps
+  tuned   the toolkit's Triton service started as operators start it (`hkgpu-tune apply --only triton`,
+          its gate deciding; `--launch start` for `triton start --no-gate`) with the config `triton sweep`
+          found best under the p99 SLO, MPS where it helps; inputs over the socket (binary HTTP) unless
+          --shm; with --check, the load generator against the plain client at those in-flight counts
   limit   the same torch engine in-process: best batch, no server
 
 All three are loaded by the same load generator (hkgpu_tune.serve.loadgen): one image per request,
@@ -29,6 +31,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
+sys.path.insert(0, HERE)   # bench/loadgen_check.py
 
 from hkgpu_tune.core.errors import HkError  # noqa: E402
 from hkgpu_tune.serve import loadgen, sweep  # noqa: E402
@@ -231,15 +234,46 @@ def variant_profile(args, workdir: str) -> str:
     return dst
 
 
-def serve_and_measure(args, prof: str, t, model, res: dict, mps: bool) -> None:
-    """Start the toolkit's service from the profile, measure, stop."""
+def launch_by_apply(prof: str, res: dict) -> None:
+    """`hkgpu-tune apply --only triton` from a stopped server: render, start, wait ready, the gate."""
     start = time.monotonic()
-    p = hk("triton", "start", "-p", prof, "--no-gate", "--json", timeout=300)
-    if p.returncode != 0:
-        raise HkError(f"hkgpu-tune triton start failed: {(p.stderr or p.stdout).strip()[-1500:]}")
-    doc = json.loads(p.stdout)
+    state = os.path.join(os.path.dirname(prof), "state")
+    p = hk("apply", "--only", "triton", "-p", prof, "--state-dir", state, "--json", timeout=400)
+    res["apply_s"] = round(time.monotonic() - start, 1)
+    try:
+        doc = json.loads(p.stdout)
+    except ValueError:
+        doc = {"error": (p.stderr or p.stdout).strip()[-1500:]}
+    res["apply_exit"] = p.returncode
+    res["gate"] = doc.get("notes") or []
+    res["gate_passed"] = any(n.startswith("triton gate passed:") for n in res["gate"])
+    res["gate_verdict"] = ("passed" if res["gate_passed"] else "client-bound" if any(
+        n.startswith("triton gate client-bound") for n in res["gate"]) else "failed")
+    if p.returncode != 0 or doc.get("error"):
+        res["apply_error"] = doc.get("error") or p.stderr[-1500:]
+        raise HkError(f"hkgpu-tune apply failed (exit {p.returncode}): {res['apply_error']}")
+    log(f"apply --only triton: exit {p.returncode} in {res['apply_s']} s; " + " | ".join(res["gate"]))
+
+
+def serve_and_measure(args, prof: str, t, model, res: dict, mps: bool) -> None:
+    """Start the toolkit's service from the profile (apply with its gate, or triton start), measure, stop."""
+    start = time.monotonic()
+    res["launched_by"] = args.launch
+    try:
+        if args.launch == "apply":
+            launch_by_apply(prof, res)
+        else:
+            p = hk("triton", "start", "-p", prof, "--no-gate", "--json", timeout=300)
+            if p.returncode != 0:
+                raise HkError(f"hkgpu-tune triton start failed: {(p.stderr or p.stdout).strip()[-1500:]}")
+        from hkgpu_tune.serve import launch
+        svc = launch.status(t)
+    except BaseException:
+        hk("triton", "stop", "-p", prof, "--json")
+        raise
+    # from the command to ready (apply: the gate's warm-up and load included)
     res["launch_to_ready_s"] = round(time.monotonic() - start, 1)
-    res["service"] = {k: doc["service"].get(k) for k in ("target", "pid", "how", "state") if k in doc["service"]}
+    res["service"] = {k: svc.get(k) for k in ("target", "pid", "how", "state") if k in svc}
     log(f"tuned service ready in {res['launch_to_ready_s']} s (CUDA graphs captured)")
     try:
         v = hk("verify", "--only", "triton", "-p", prof, "--json")
@@ -266,6 +300,16 @@ def serve_and_measure(args, prof: str, t, model, res: dict, mps: bool) -> None:
             h = loadgen.run(dataclasses.replace(spec, shm=not args.shm, duration_s=args.naive_seconds))
             res["other_transport"] = h
             log(f"tuned, {h['transport']}: {loadgen.line(h)}")
+        if args.check:
+            import loadgen_check
+            res["check"] = []
+            for conc in args.check:
+                c = loadgen_check.check(t, model, conc, args.check_seconds, None, None)
+                res["check"].append(c)
+                log(f"check at {conc} in flight: loadgen {c['loadgen']['img_s']:.0f} img/s p99 "
+                    f"{c['loadgen']['p99_ms']:.2f} ms, plain {c['plain']['img_s']:.0f} img/s p99 "
+                    f"{c['plain']['p99_ms']:.2f} ms (img/s ratio {c['img_s_ratio']}, p99 ratio {c['p99_ratio']}); "
+                    f"gate p99 {c['gate']['p99_ms']:.2f} ms, ratio {c['gate_p99_ratio']}")
     finally:
         s = hk("triton", "stop", "-p", prof, "--json")
         res["stop_exit"] = s.returncode
@@ -406,6 +450,9 @@ def summarise(rec: dict) -> dict:
     rec["gpu_util_pct"] = (tuned.get("gpu") or {}).get("gpu_util_pct")
     rec["limit_img_s"] = limit.get("limit_img_s")
     rec["launch_to_ready_s"] = tuned.get("launch_to_ready_s")
+    rec["launched_by"] = tuned.get("launched_by")
+    rec["gate_passed"] = tuned.get("gate_passed")
+    rec["transport"] = (tuned.get("load") or {}).get("transport")
     checks = {}
 
     def ratio(a, b):
@@ -450,9 +497,16 @@ def main() -> int:
     ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None,
                     help="torch.compile the engine or not (default: as the profile says)")
     ap.add_argument("--also-http", action="store_true", help="also measure the other transport at the best config")
-    ap.add_argument("--shm", action=argparse.BooleanOptionalAction, default=True,
-                    help="inputs in system shared memory (default) or binary HTTP bodies")
-    ap.add_argument("--processes", type=int, default=6)
+    ap.add_argument("--shm", action=argparse.BooleanOptionalAction, default=False,
+                    help="inputs in system shared memory, or binary HTTP bodies over the socket (default)")
+    ap.add_argument("--processes", type=int, help="load generator processes (default: one per 4 in flight)")
+    ap.add_argument("--launch", choices=("apply", "start"), default="apply",
+                    help="start the tuned service with `apply --only triton` and its gate (default) or "
+                         "`triton start --no-gate`")
+    ap.add_argument("--check", type=lambda v: [int(x) for x in v.split(",")], default=[],
+                    help="in-flight counts at which to check the load generator and the gate against the plain "
+                         "client on the tuned service (bench/loadgen_check.py)")
+    ap.add_argument("--check-seconds", type=float, default=6.0)
     ints = lambda v: [int(x) for x in v.split(",")]  # noqa: E731
     ap.add_argument("--max-batch", type=ints, default=[32])
     ap.add_argument("--delay-us", type=ints, default=[200])

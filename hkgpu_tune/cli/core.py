@@ -128,7 +128,7 @@ def run_apply(ctx: Context) -> int:
     if ctx.json:
         ctx.dump(report.results_doc(rep.results, {"changes": [c.to_dict() for c in rep.changes],
                                                   "error": rep.error, "rolled_back": rep.rolled_back,
-                                                  "persisted": persisted}))
+                                                  "persisted": persisted, "notes": rep.notes}))
     else:
         ctx.header()
         con = ctx.console
@@ -138,6 +138,8 @@ def run_apply(ctx: Context) -> int:
             print(f"error: {' '.join(str(rep.error).split())}" + (" (rolled back)" if rep.rolled_back else ""),
                   file=sys.stderr)
         else:
+            for n in rep.notes:
+                ctx.line(f"note: {' '.join(n.split())}")
             for p in persisted:
                 ctx.line(f"persisted: {p}")
             report.print_table(rep.results, con)

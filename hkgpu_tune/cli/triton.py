@@ -43,6 +43,7 @@ def add_parser(sub) -> None:
             q.add_argument("--p99-ms", type=float, help="override the profile's SLO")
             q.add_argument("--requests", type=int, help="override the number of load requests")
             q.add_argument("--concurrency", type=int, help="override the load concurrency")
+            q.add_argument("--processes", type=int, help="override the load generator's processes (gate.load.processes)")
         q.set_defaults(run=fn)
     q = tsub.add_parser("sweep", help="find the config with the most throughput under the p99 SLO "
                                       "(a server of its own; the running service is untouched)")
@@ -62,8 +63,11 @@ def add_parser(sub) -> None:
     q.add_argument("--duration-s", type=float, default=5, help="seconds of load per level")
     q.add_argument("--confirm-s", type=float, help="one longer load that confirms the best level "
                    "(default: 3 x --duration-s; 0: none)")
-    q.add_argument("--processes", type=int, default=2, help="load generator processes")
-    q.add_argument("--shm", action="store_true", help="inputs in system shared memory (not over the socket)")
+    q.add_argument("--processes", type=int, help="load generator processes (default: one per 4 in flight, "
+                   "at most one per CPU)")
+    q.add_argument("--shm", action="store_true", help="inputs in system shared memory (default: over the socket)")
+    q.add_argument("--check-s", type=float, help="a load of the plain client at the best config, to check the "
+                   "load generator against (default: --duration-s; 0: none)")
     q.add_argument("--png", help="write the chart (throughput against p99) here")
     q.add_argument("--write", action="store_true", help="put the best config into the profile file")
     q.set_defaults(run=run_sweep)
@@ -215,10 +219,11 @@ def run_start(ctx: Context) -> int:
         lines = [f"{st['target']}: ready in {doc['ready_s']} s" + (" (already running)" if was["active"] else "")]
         code = EXIT_OK
         if not a.no_gate:
-            rep = gate.run_gate(t, p99_ms=a.p99_ms, requests=a.requests, concurrency=a.concurrency)
+            rep = gate.run_gate(t, p99_ms=a.p99_ms, requests=a.requests, concurrency=a.concurrency,
+                                processes=a.processes)
             doc["gate"] = rep.to_dict()
-            lines.append(("gate passed: " if rep.passed else "gate FAILED: ") + rep.message)
-            code = EXIT_OK if rep.passed else EXIT_ERROR
+            lines.append(_verdict(rep))
+            code = EXIT_ERROR if rep.verdict == "failed" else EXIT_OK
     finally:
         b.close()
     _out(ctx, doc, "\n".join(lines))
@@ -229,9 +234,16 @@ def run_gate(ctx: Context) -> int:
     from hkgpu_tune.serve import gate
     a = ctx.args
     t = _section(ctx)
-    rep = gate.run_gate(t, p99_ms=a.p99_ms, requests=a.requests, concurrency=a.concurrency)
-    _out(ctx, rep.to_dict(), ("gate passed: " if rep.passed else "gate FAILED: ") + rep.message)
-    return EXIT_OK if rep.passed else EXIT_ERROR
+    rep = gate.run_gate(t, p99_ms=a.p99_ms, requests=a.requests, concurrency=a.concurrency,
+                        processes=a.processes)
+    _out(ctx, rep.to_dict(), _verdict(rep))
+    return EXIT_ERROR if rep.verdict == "failed" else EXIT_OK
+
+
+def _verdict(rep) -> str:
+    """The gate's line: passed, FAILED, or client-bound (the load generator, not the server, missed)."""
+    return {"passed": "gate passed: ", "failed": "gate FAILED: ", "client-bound": "gate client-bound: "}[
+        rep.verdict] + rep.message
 
 
 def run_sweep(ctx: Context) -> int:
@@ -260,7 +272,7 @@ def run_sweep(ctx: Context) -> int:
         ctx.header()
     say = (lambda m: None) if ctx.json else (lambda m: print(m, flush=True))
     rep = sweep.run(t, name, grid, slo, a.budget_s, duration_s=a.duration_s, processes=a.processes, shm=a.shm,
-                    log=say, confirm_s=a.confirm_s)
+                    log=say, confirm_s=a.confirm_s, check_s=a.check_s)
     doc = rep.to_dict()
     if a.png and rep.points:
         doc["png"] = sweep.chart(rep, a.png)
@@ -275,7 +287,12 @@ def run_sweep(ctx: Context) -> int:
         lines.append(f"chart: {doc['png']}")
     if rep.best:
         b = rep.best.best
-        lines.append(f"best: {rep.best.label}: {b['img_s']:.0f} img/s, p99 {b['p99_ms']:.2f} ms <= {slo:g} ms")
+        lines.append(f"best: {rep.best.label}: {b['img_s']:.0f} img/s, p99 {b['p99_ms']:.2f} ms <= {slo:g} ms "
+                     f"({rep.transport})")
+    if rep.check:
+        c = rep.check
+        lines.append(f"check against the plain client at {c['concurrency']} in flight: img/s ratio "
+                     f"{c['img_s_ratio']}, p99 ratio {c['p99_ratio']}")
     if doc.get("written"):
         lines.append(f"wrote the best config into {doc['written']}")
     _out(ctx, doc, "\n".join(lines), header=False)

@@ -99,12 +99,9 @@ class Client:
 
     def infer(self, model: str, inputs: list[tuple[str, str, list[int], bytes]], outputs=()) -> dict:
         """inputs: (name, datatype without TYPE_, shape with batch, raw bytes). Returns the JSON header;
-        each output asked for in `outputs` comes back binary, its bytes under "raw"."""
-        header = {"inputs": [{"name": n, "datatype": dt, "shape": shape,
-                              "parameters": {"binary_data_size": len(raw)}} for n, dt, shape, raw in inputs]}
-        if outputs:
-            header["outputs"] = [{"name": o, "parameters": {"binary_data": True}} for o in outputs]
-        hb = json.dumps(header).encode()
+        the outputs named in `outputs` (all of them when none is named) come back binary, each one's
+        bytes under "raw": Triton refuses FP16 and BF16 outputs in JSON."""
+        hb = infer_header(inputs, outputs)
         body = hb + b"".join(raw for *_, raw in inputs)
         status, hdrs, data = self.request("POST", f"/v2/models/{model}/infer", body, {
             "Inference-Header-Content-Length": str(len(hb)), "Content-Type": "application/octet-stream"})
@@ -117,6 +114,18 @@ class Client:
             if size is not None:
                 o["raw"], n = data[n:n + size], n + size
         return head
+
+
+def infer_header(inputs: list[tuple[str, str, list[int], bytes]], outputs=()) -> bytes:
+    """The JSON header of a binary-tensor infer request: every output asked for in binary
+    (binary_data_output covers the outputs of a request that names none)."""
+    header = {"inputs": [{"name": n, "datatype": dt, "shape": shape,
+                          "parameters": {"binary_data_size": len(raw)}} for n, dt, shape, raw in inputs]}
+    if outputs:
+        header["outputs"] = [{"name": o, "parameters": {"binary_data": True}} for o in outputs]
+    else:
+        header["parameters"] = {"binary_data_output": True}
+    return json.dumps(header, separators=(",", ":")).encode()
 
 
 def _error_line(data: bytes) -> str:

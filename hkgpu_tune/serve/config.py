@@ -138,6 +138,7 @@ class Gate:
     concurrency: int = 8
     p99_ms: float | None = None    # None: measure, do not gate
     stop_timeout_s: float = 30.0
+    processes: int | None = None   # the load generator's processes (None: one per 4 in flight)
 
 
 @dataclass(frozen=True)
@@ -461,11 +462,13 @@ def _gate(n) -> Gate:
     if "warmup_requests" in m:
         kw["warmup_requests"] = m["warmup_requests"].integer(0, 100000)
     if "load" in m:
-        lm = m["load"].mapping(("requests", "concurrency"))
+        lm = m["load"].mapping(("requests", "concurrency", "processes"))
         if "requests" in lm:
             kw["requests"] = lm["requests"].integer(1, 10_000_000)
         if "concurrency" in lm:
             kw["concurrency"] = lm["concurrency"].integer(1, 1024)
+        if "processes" in lm:
+            kw["processes"] = lm["processes"].integer(1, 256)
     if "p99_ms" in m:
         v = m["p99_ms"].value()
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:

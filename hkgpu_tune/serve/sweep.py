@@ -26,7 +26,8 @@ import time
 from dataclasses import dataclass, field
 
 from hkgpu_tune.core.errors import HkError
-from hkgpu_tune.serve import client, loadgen
+from hkgpu_tune.serve import client, loadgen, plain
+from hkgpu_tune.serve.sweep_out import chart, table  # noqa: F401  (the CLI's sweep.table, sweep.chart)
 
 PER_LEVEL_OVERHEAD_S = 1.5   # process start and the warm-up part of each load run
 
@@ -67,11 +68,14 @@ class Report:
     best: Point | None = None
     seconds: float = 0.0
     date: str = ""
+    transport: str = "http-binary"
+    check: dict | None = None          # the best load against the plain client's (plain.compare)
 
     def to_dict(self) -> dict:
         return {"model": self.model, "slo_ms": self.slo_ms, "budget_s": self.budget_s, "date": self.date,
                 "seconds": round(self.seconds, 1), "points": [p.to_dict() for p in self.points],
-                "skipped": self.skipped, "best": self.best.to_dict() if self.best else None}
+                "skipped": self.skipped, "best": self.best.to_dict() if self.best else None,
+                "transport": self.transport, "check": self.check}
 
 
 # ---------------------------------------------------------------- configs
@@ -206,14 +210,15 @@ class Server:
 
 
 # ---------------------------------------------------------------- the load
-def spec_for(t, model, concurrency: int, duration_s: float, processes: int, shm: bool) -> loadgen.LoadSpec:
-    inp, out = model.inputs[0], model.outputs[0] if model.outputs else None
-    dims = [1 if int(d) < 0 else int(d) for d in inp.get("dims", [])]
-    return loadgen.LoadSpec(t.http.host, t.http.port, model.name, inp["name"],
-                            inp["data_type"].removeprefix("TYPE_"), [1, *dims],
-                            out["name"] if out else None, concurrency=concurrency, processes=processes,
+def spec_for(t, model, concurrency: int, duration_s: float, processes: int | None, shm: bool) -> loadgen.LoadSpec:
+    """One load: every input of the model (shared memory holds the first only), every output in binary,
+    `processes` load-generator processes (None: as the gate sizes them for this many in flight)."""
+    req = client.request_for(model)
+    name, dt, shape, _ = req[0]
+    return loadgen.LoadSpec(t.http.host, t.http.port, model.name, name, dt, shape, None, concurrency=concurrency,
+                            processes=loadgen.processes_for(concurrency, processes),
                             duration_s=duration_s, warmup_s=min(1.0, duration_s / 4),
-                            metrics_port=t.metrics.port, shm=shm)
+                            metrics_port=t.metrics.port, shm=shm, request=None if shm else req)
 
 
 REFINE_STEPS = 2   # extra loads that bisect between the highest passing and lowest failing level
@@ -226,7 +231,7 @@ def measure(server: Server, model, point: Point, levels: list[int], duration_s: 
     answer does not depend on how coarse the levels were (96 over, 48 within: try 72, then 60 or 84)."""
     def one(conc: int) -> bool:
         nonlocal failed_err
-        r = loadgen.run(spec_for(server.t, model, conc, duration_s, min(processes, conc), shm))
+        r = loadgen.run(spec_for(server.t, model, conc, duration_s, processes, shm))
         point.loads.append(r)
         if log:
             log(f"  {point.label}, {conc} in flight: {loadgen.line(r)}")
@@ -273,7 +278,7 @@ def confirm(server: Server, model, point: Point, confirm_s: float, processes: in
     conc = point.best["concurrency"]
     point.confirmed = False
     for _ in range(CONFIRM_STEPS):
-        r = loadgen.run(spec_for(server.t, model, conc, confirm_s, min(processes, conc), shm))
+        r = loadgen.run(spec_for(server.t, model, conc, confirm_s, processes, shm))
         r["confirm"] = True
         point.loads.append(r)
         if log:
@@ -286,12 +291,28 @@ def confirm(server: Server, model, point: Point, confirm_s: float, processes: in
         conc = max(1, conc * 4 // 5)
 
 
+def check(server: Server, model, point: Point, seconds: float) -> dict:
+    """The chosen load against the independent plain client at the same config and in-flight count:
+    img/s and p99 ratios (the load generator's over the plain client's). Under 0.9 of its img/s,
+    the load generator, not the server, limited the sweep."""
+    b = point.best
+    req = [(n, dt, shape) for n, dt, shape, _ in client.request_for(model)]
+    r = plain.run(server.t.http.host, server.t.http.port, model.name, req, b["concurrency"],
+                  processes=b["processes"], duration_s=seconds)
+    return plain.compare(b, r)
+
+
+CHECK_MIN_RATIO = 0.9
+
+
 def run(t, model_name: str, grid: Grid, slo_ms: float, budget_s: float, duration_s: float = 5.0,
-        processes: int = 2, shm: bool = False, backends=None, log=print, verbose: bool = False,
-        confirm_s: float | None = None) -> Report:
+        processes: int | None = None, shm: bool = False, backends=None, log=print, verbose: bool = False,
+        confirm_s: float | None = None, check_s: float | None = None) -> Report:
     """Sweep the grid on a server of the sweep's own, then confirm the best with a longer load
-    (confirm_s, default 3 x duration_s; 0: none); raises HkError when nothing fits the SLO."""
+    (confirm_s, default 3 x duration_s; 0: none) and check that load against the plain client
+    (check_s, default duration_s; 0: none); raises HkError when nothing fits the SLO."""
     confirm_s = 3 * duration_s if confirm_s is None else confirm_s
+    check_s = duration_s if check_s is None else check_s
     model = t.model(model_name)
     if slo_ms is None or slo_ms <= 0:
         raise HkError("triton sweep: no p99 SLO (give --slo-ms or the profile's gate.p99_ms)")
@@ -302,9 +323,10 @@ def run(t, model_name: str, grid: Grid, slo_ms: float, budget_s: float, duration
     if budget_s < per_load * len(levels):
         raise HkError(f"triton sweep: a budget of {budget_s:g} s is too small: one config alone needs about "
                       f"{per_load * len(levels):.0f} s ({len(levels)} load levels of {duration_s:g} s)")
-    reserve = confirm_s + PER_LEVEL_OVERHEAD_S if confirm_s > 0 else 0.0
+    reserve = (confirm_s + PER_LEVEL_OVERHEAD_S if confirm_s > 0 else 0.0) + (
+        check_s + 2 * PER_LEVEL_OVERHEAD_S if check_s > 0 else 0.0)
     rep = Report(model_name, slo_ms, budget_s, date=datetime.datetime.now(datetime.timezone.utc).isoformat(
-        timespec="seconds"))
+        timespec="seconds"), transport="http+shm" if shm else "http-binary")
     t0 = time.monotonic()
     workdir = tempfile.mkdtemp(prefix="hkgpu-sweep-")
     server, server_mps = None, None
@@ -341,7 +363,7 @@ def run(t, model_name: str, grid: Grid, slo_ms: float, budget_s: float, duration
         fits = [p for p in rep.points if p.best]
         if fits:
             rep.best = max(fits, key=lambda p: (p.best["img_s"], -p.best["p99_ms"]))
-        if rep.best and confirm_s > 0:
+        if rep.best and (confirm_s > 0 or check_s > 0):
             best, before = rep.best, rep.best.best
             reload = best is not rep.points[-1]   # the server holds the last point's config
             try:
@@ -352,15 +374,25 @@ def run(t, model_name: str, grid: Grid, slo_ms: float, budget_s: float, duration
                     server_mps, reload = best.mps, True
                 if reload:
                     server.load(model_name, best.config)
-                confirm(server, model, best, confirm_s, processes, shm, slo_ms, log if verbose else None)
+                if confirm_s > 0:
+                    confirm(server, model, best, confirm_s, processes, shm, slo_ms, log if verbose else None)
             except HkError as e:
                 best.confirmed = False
                 log(f"{best.label}: confirming failed: {e}")
             else:
-                log(f"{best.label}: " + (
-                    f"confirmed over {confirm_s:g} s: {best.best['img_s']:.0f} img/s at p99 "
-                    f"{best.best['p99_ms']:.2f} ms (concurrency {best.best['concurrency']})" if best.confirmed else
-                    f"did not hold p99 {slo_ms:g} ms over {confirm_s:g} s at {before['concurrency']} in flight or less"))
+                if confirm_s > 0:
+                    log(f"{best.label}: " + (
+                        f"confirmed over {confirm_s:g} s: {best.best['img_s']:.0f} img/s at p99 "
+                        f"{best.best['p99_ms']:.2f} ms (concurrency {best.best['concurrency']})" if best.confirmed else
+                        f"did not hold p99 {slo_ms:g} ms over {confirm_s:g} s at {before['concurrency']} in flight "
+                        f"or less"))
+                if check_s > 0 and not shm:   # the plain client sends its tensors over the socket
+                    rep.check = check(server, model, best, check_s)
+                    c = rep.check
+                    log(f"load generator check at {c['concurrency']} in flight: {c['loadgen']['img_s']:.0f} img/s "
+                        f"against the plain client's {c['plain']['img_s']:.0f} (ratio {c['img_s_ratio']}), p99 "
+                        f"ratio {c['p99_ratio']}" + ("" if (c["img_s_ratio"] or 0) >= CHECK_MIN_RATIO else
+                                                     f": under {CHECK_MIN_RATIO}, the load generator limited the sweep"))
     finally:
         try:
             if server is not None:
@@ -387,56 +419,6 @@ def failure(rep: Report) -> str | None:
     low = min((p.loads[0]["p99_ms"] for p in rep.points if p.loads), default=None)
     return (f"triton sweep: no config of {len(rep.points)} meets p99 <= {rep.slo_ms:g} ms"
             + (f" (the lowest p99 seen was {low:.2f} ms)" if low is not None else ""))
-
-
-# ---------------------------------------------------------------- output
-def table(rep: Report) -> str:
-    rows = [("config", "img/s", "p99 ms", "p50 ms", "conc", "batch", "note")]
-    for p in rep.points:
-        b = p.best
-        sv = (b or {}).get("server", {})
-        note = (("BEST" + {True: ", confirmed", False: ", NOT confirmed"}.get(p.confirmed, "")) if p is rep.best
-                else (p.error[:60] if p.error else ("" if b else "over SLO")))
-        rows.append((p.label, f"{b['img_s']:.0f}" if b else "-", f"{b['p99_ms']:.2f}" if b else "-",
-                     f"{b['p50_ms']:.2f}" if b else "-", str(b["concurrency"]) if b else "-",
-                     f"{sv.get('avg_batch', '-')}" if b else "-", note))
-    for lb in rep.skipped:
-        rows.append((lb, "-", "-", "-", "-", "-", "not measured (budget)"))
-    w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w[i]) for i, c in enumerate(r)).rstrip() for r in rows)
-
-
-def chart(rep: Report, path: str) -> str:
-    """Throughput against p99, one point per measured load, the SLO line, the chosen config marked."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(9, 5.5), dpi=110)
-    for p in rep.points:
-        if not p.loads:
-            continue
-        xs = [r["p99_ms"] for r in p.loads]
-        ys = [r["img_s"] for r in p.loads]
-        ax.plot(xs, ys, marker="o", ms=4, lw=1, alpha=0.8, label=p.label)
-    ax.axvline(rep.slo_ms, color="red", ls="--", lw=1.2, label=f"SLO p99 {rep.slo_ms:g} ms")
-    if rep.best:
-        b = rep.best.best
-        ax.scatter([b["p99_ms"]], [b["img_s"]], s=220, facecolors="none", edgecolors="black", lw=2,
-                   zorder=5, label=f"chosen: {rep.best.label}")
-    ax.set_xlabel("client p99 latency (ms)")
-    ax.set_ylabel("throughput (img/s)")
-    ax.set_xscale("log")
-    ax.set_title(f"triton sweep: {rep.model} ({rep.date})")
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="best")
-    fig.tight_layout()
-    try:
-        fig.savefig(path)
-    except OSError as e:
-        raise HkError(f"{path}: cannot write the chart: {e.strerror or e}") from None
-    finally:
-        plt.close(fig)
-    return path
 
 
 # ---------------------------------------------------------------- --write

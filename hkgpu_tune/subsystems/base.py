@@ -17,6 +17,7 @@ class Subsystem:
     def __init__(self, profile, backends):
         self.profile = profile
         self.b = backends
+        self.notes: list[str] = []   # one line each, printed by apply (a gate's verdict)
 
     # --- to implement
     def read(self) -> dict:

@@ -23,6 +23,7 @@ class ApplyReport:
     results: list[Result] = field(default_factory=list)  # verify after apply
     error: str = ""
     rolled_back: bool = False
+    notes: list[str] = field(default_factory=list)   # one line each from the subsystems (a gate's verdict)
 
 
 class Engine:
@@ -110,6 +111,7 @@ class Engine:
             rep.changes = j.this_run
             for s in self.subs:
                 s.after_apply([c for c in j.written if c.subsystem == s.name])
+                rep.notes += s.notes
         except HkError as e:
             rep.changes = j.this_run
             rep.error = str(e)

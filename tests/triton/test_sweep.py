@@ -58,6 +58,14 @@ def test_sweep_picks_the_best_config_under_the_slo_writes_png_and_profile(prof, 
         return max((x["img_s"] for x in p["loads"] if not x.get("confirm") and not x["errors"]
                     and x["p99_ms"] <= 500), default=0)
     assert top(doc["best"]) == max(top(p) for p in measured)
+    # over the socket by default, every load's processes sized to it, and the chosen load checked
+    # against the plain client at the same config and in-flight count (1 s, as --duration-s)
+    assert doc["transport"] == "http-binary" and best["transport"] == "http-binary"
+    assert all(x["processes"] == -(-x["concurrency"] // 4) for p in doc["points"] for x in p["loads"])
+    c = doc["check"]
+    assert c["concurrency"] == best["concurrency"] and c["plain"]["errors"] == 0 and c["plain"]["img_s"] > 0
+    assert c["img_s_ratio"] == round(best["img_s"] / c["plain"]["img_s"], 3)
+    assert c["p99_ratio"] == round(best["p99_ms"] / c["plain"]["p99_ms"], 3)
     # a real chart: a PNG image matplotlib reads back, of the size the sweep draws
     import matplotlib.image
     img = matplotlib.image.imread(str(png))

@@ -115,7 +115,8 @@ def test_a_unit_whose_stop_settings_changed_is_reloaded_not_restarted(tmp_path, 
     monkeypatch.setattr(launch, "restart", lambda *a, **k: restarts.append(a))
     from types import SimpleNamespace
     from hkgpu_tune.serve import gate
-    monkeypatch.setattr(gate, "run_gate", lambda *a, **k: SimpleNamespace(passed=True, message="p99 ok", loads=[]))
+    monkeypatch.setattr(gate, "run_gate", lambda *a, **k: SimpleNamespace(passed=True, client_bound=False,
+                                                                         message="p99 ok", loads=[]))
     p = Plugin(prof, b)
     for old, new, restart in (("TimeoutStopSec=50", "TimeoutStopSec=40", False),
                               ("LimitMEMLOCK=infinity", "LimitMEMLOCK=65536", True)):
