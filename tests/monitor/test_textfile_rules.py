@@ -143,6 +143,11 @@ def test_auto_sees_a_live_process(tmp_path):
     shutil.copy(shutil.which("sleep"), exe)
     p = subprocess.Popen([str(exe), "30"])
     try:
+        # the name in /proc is the program's once exec has happened (before that it is python's)
+        deadline = time.monotonic() + 10
+        while not os.path.exists(f"/proc/{p.pid}/comm") or open(f"/proc/{p.pid}/comm").read().strip() != "dcgm-exporter":
+            assert time.monotonic() < deadline, "the stand-in never exec'd"
+            time.sleep(0.01)
         assert "dcgm_exporter" in E.running()
         assert E.present(E.ExportConfig())["dcgm_exporter"] is True
     finally:

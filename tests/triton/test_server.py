@@ -269,7 +269,7 @@ def test_cli_start_gate_stop(tmp_path):
         p = hk("start", "--no-gate")
         assert p.returncode == 0 and "(already running)" in p.stdout
         p = hk("stop")
-        assert p.returncode == 0 and p.stdout.startswith("triton stop: profile "), p.stdout + p.stderr
+        assert p.returncode == 0 and " ".join(p.stdout.split()).startswith(f"triton stop: profile {tmp_path}"), p.stdout + p.stderr
         assert "\nstopped (SIGTERM" in p.stdout, p.stdout + p.stderr
         assert ours(tmp_path) == []
     finally:
