@@ -69,7 +69,7 @@ def test_head_in_a_shell_pipeline(tmp_path):
 
 def test_markup_in_values_is_printed_literally(tmp_path):
     f = tmp_path / "markup.yaml"
-    value = "[red]1[/red][bold]:smile:[/]"  # plan and verify only: nothing is written
+    value = "[red]1[/]:smile:"  # plan and verify only: nothing is written (short: a cell folds at 80 columns)
     # one word: the key holds one value (two words are refused at load)
     f.write_text(f'sysctl:\n  net.ipv4.tcp_mtu_probing: "{value}"\n')
     for cmd in ("verify", "plan"):
