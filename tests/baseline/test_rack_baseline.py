@@ -41,7 +41,7 @@ def test_tables_per_rack_host_by_host(tmp_path):
     assert p.returncode == 2, p.stderr
     assert "rack rack_a" in p.stdout and "rack rack_b" in p.stdout
     assert "all 17 metrics" in p.stdout and "no after snapshot yet" in p.stdout
-    assert p.stdout.strip().endswith("2 regression(s): n2: throughput 198.18.0.2 send; n2: throughput 198.18.0.2 receive")
+    assert " ".join(p.stdout.split()).endswith("2 regression(s): n2: throughput 198.18.0.2 send; n2: throughput 198.18.0.2 receive")
     doc = json.loads(hk(*args, "--json").stdout)
     assert doc["command"] == "rack baseline"
     assert set(doc["racks"]) == {"rack_a", "rack_b"} and doc["racks"]["rack_b"]["n3"] == {"missing": "no after snapshot yet"}
