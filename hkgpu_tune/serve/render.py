@@ -237,6 +237,8 @@ def model_state(t, model, backends=None) -> dict:
                 reasons.append(f"{model.version}/{fname}: " + "; ".join(stale))
     if unsupported and want_file == "rebuilt":
         reasons[-1] += f" ({unsupported})"
+    elif unsupported:   # never a silent ok: the bindings match, the key could not be computed
+        note = f"{model.version}/{fname}: bindings match the config; cache key not checked ({unsupported})"
     if have_cfg is None:
         reasons.append("config.pbtxt absent")
     elif have_cfg != want_cfg:
@@ -247,6 +249,8 @@ def model_state(t, model, backends=None) -> dict:
         reasons.append(f"{model.version}/{fname} differs from {model.model_file}")
     current = "absent" if have_cfg is None and have_file is None else f"{have_cfg or '-'}/{have_file or '-'}"
     out = {"current": current, "desired": f"{want_cfg}/{want_file}", "reason": "; ".join(reasons)}
+    if unsupported and want_file != "rebuilt":
+        out["note"] = note
     w = model.build.weights if model.build else None
     if w:   # the trained weights: the copy in the version directory against the sha256 the profile pins
         have_w = _file_sha(os.path.join(d, str(model.version), w.served_name))

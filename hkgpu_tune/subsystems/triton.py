@@ -99,7 +99,8 @@ class Plugin(Subsystem):
                     "backup": redeploy.backup_path(t.model_repository, name, redeploy.new_token()),
                     "original": old[0] if old else None, "service": ref}
             res.append(self.result(name, "repository", st["current"], st["desired"], OK if same else DRIFT,
-                                   "" if same else st["reason"], write=None if same else "rendered", data=data))
+                                   st.get("note", "") if same else st["reason"], write=None if same else "rendered",
+                                   data=data))
         if "unit" in state:
             u = state["unit"]
             ok = u["current"] == u["desired"]

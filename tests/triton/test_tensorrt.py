@@ -254,3 +254,18 @@ def test_torchvision_export_downloads_nothing(tmp_path, monkeypatch):
     assert m.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
     assert info["output"][1:] == [1000]
     assert not (tmp_path / "torch-home").exists()  # no weights were fetched
+
+
+def test_a_plan_whose_key_cannot_be_computed_is_ok_with_a_note(tmp_path, monkeypatch):
+    """Built, then trtexec is gone: the bindings still match the config, but the cache key cannot be
+    computed, so the ok says so (never a silent ok)."""
+    fake_trtexec(tmp_path, monkeypatch)
+    t = section(tmp_path)
+    render.write_model(t, t.models[0])
+    st = render.repository_state(t)["resnet50"]
+    assert st["current"] == st["desired"] and "note" not in st
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setattr(tensorrt, "trtexec_path", lambda: None)
+    st = render.repository_state(t)["resnet50"]
+    assert st["current"] == st["desired"] and "unsupported" not in st
+    assert st["note"].startswith("1/model.plan: bindings match the config; cache key not checked (trtexec not found")
