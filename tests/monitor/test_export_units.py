@@ -81,9 +81,13 @@ def test_role_writes_the_timer_and_env_and_enables_the_timer():
     paths = [x["path"] for x in v["__hkgpu_verify_files"]]
     assert paths == ["{{ __hkgpu_verify_unit_path }}", "{{ __hkgpu_verify_timer_path }}", "{{ __hkgpu_verify_env_path }}"]
     assert v["__hkgpu_verify_env_path"] == "/" + persist.EXPORT_ENV
-    with open(os.path.join(ROLE, "tasks", "main.yml")) as f:
-        tasks = f.read()
-    assert "timers.target.wants" in tasks and "systemctl restart {{ __hkgpu_verify_timer_name | quote }}" in tasks
+    links = {x["path"]: x["src"] for x in v["__hkgpu_verify_links"]}
+    assert links["{{ hkgpu_verify_unit_dir }}/timers.target.wants/{{ __hkgpu_verify_timer_name }}"] == \
+        "{{ __hkgpu_verify_timer_path }}"
+    with open(os.path.join(ROLE, "handlers", "main.yml")) as f:
+        [h] = yaml.safe_load(f)
+    assert h["ansible.builtin.systemd_service"] == {"name": "{{ __hkgpu_verify_timer_name }}", "state": "restarted",
+                                                     "daemon_reload": True}
 
 
 def test_role_tasks_write_once_then_change_nothing(tmp_path):
@@ -107,6 +111,8 @@ def test_role_tasks_write_once_then_change_nothing(tmp_path):
     - {ROLE}/vars/main.yml
   tasks:
     - ansible.builtin.import_tasks: {ROLE}/tasks/main.yml
+  handlers:
+    - ansible.builtin.import_tasks: {ROLE}/handlers/main.yml
 """)
 
     def play(**extra):
@@ -122,12 +128,12 @@ def test_role_tasks_write_once_then_change_nothing(tmp_path):
         return int(re.search(r"changed=(\d+)", r.stdout).group(1))
 
     import sys
-    assert play() == 2      # the files (one loop task) and the enable task
+    assert play() == 3      # the directories, the files and the links (a loop task each)
     assert (units / "hkgpu-tune-verify.timer").exists() and tf.is_dir()
     assert os.readlink(units / "timers.target.wants" / "hkgpu-tune-verify.timer") == str(units / "hkgpu-tune-verify.timer")
     assert "HKGPU_TUNE_TEXTFILE_DIR=" + str(tf) in (tmp_path / "etc" / "export.env").read_text()
     assert play() == 0
     service = (units / "hkgpu-tune-verify.service").stat().st_mtime_ns
-    assert play(hkgpu_verify_interval="1min") == 2
+    assert play(hkgpu_verify_interval="1min") == 1   # the timer file only
     assert "OnUnitActiveSec=1min" in (units / "hkgpu-tune-verify.timer").read_text()
     assert (units / "hkgpu-tune-verify.service").stat().st_mtime_ns == service
