@@ -18,7 +18,7 @@ import pytest
 
 from hkgpu_tune.fleet.rack import run_playbook
 
-from .vm import DATA_MAC, PEER_ADDR, REPO
+from .vm import DATA_MAC, PEER_ADDR
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -36,8 +36,7 @@ baseline:
 @pytest.fixture(scope="module")
 def node(vm, tmp_path_factory, wheel_dir):
     inv = vm.inventory(str(tmp_path_factory.mktemp("ansible-wan") / "hosts.yml"))
-    extra = {"hkgpu_install_source": REPO, "hkgpu_install_wheel_dir": wheel_dir,
-             "hkgpu_install_wheelhouse": os.path.join(vm.dir, "wheelhouse")}
+    extra = {"hkgpu_install_cache_dir": wheel_dir, "hkgpu_install_wheelhouse": os.path.join(vm.dir, "wheelhouse")}
     return {"inventory": inv, "extra": extra}
 
 
