@@ -39,7 +39,8 @@ def play(tmp_path, extra=None):
         "ansible_python_interpreter": sys.executable, "hkgpu_python": sys.executable, "hkgpu_cli": shutil.which("hkgpu-tune"),
         "hkgpu_profile_path": str(tmp_path / "etc" / "node.yaml"), "hkgpu_state_dir": str(tmp_path / "state"),
         "hkgpu_persist": False,
-        "hkgpu_triton_user": "", "hkgpu_triton_create_user": False, "hkgpu_triton_gpu": None,
+        # root by name: this test host has no unprivileged server user and creates none
+        "hkgpu_triton_user": "root", "hkgpu_triton_create_user": False, "hkgpu_triton_gpu": None,
         "hkgpu_triton_supervisor": "process",
         "hkgpu_triton_model_repository": str(tmp_path / "models"), "hkgpu_triton_run_dir": str(tmp_path / "run"),
         "hkgpu_triton_http": {"port": http, "address": "127.0.0.1"},
