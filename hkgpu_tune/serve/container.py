@@ -31,7 +31,9 @@ def version_from_banner(text: str) -> str:
 def _run(t, entrypoint: str, args: list[str], cmd: Command, timeout: float = 300):
     if shutil.which(t.runtime) is None and cmd.which(t.runtime) is None:
         raise UnsupportedError(f"container runtime {t.runtime} not found")
-    return cmd.run([t.runtime, "run", "--rm", "--entrypoint", entrypoint, t.image, *args], timeout=timeout)
+    # no network: a probe needs none, and a node's bridge network (netavark, iptables) may be absent
+    return cmd.run([t.runtime, "run", "--rm", "--network", "none", "--entrypoint", entrypoint, t.image, *args],
+                   timeout=timeout)
 
 
 def facts(t, cmd: Command | None = None) -> dict:
@@ -67,7 +69,7 @@ def image_trtexec(t, build, plan: str, cmd: Command | None = None):
     if not f["tensorrt"]:
         raise UnsupportedError(f"image {t.image} has no trtexec: the plan cannot be built with the TensorRT "
                                f"that serves it")
-    argv = [t.runtime, "run", "--rm"]
+    argv = [t.runtime, "run", "--rm", "--network", "none"]
     devs = visible_gpus(t, host=True)
     if devs:
         argv += ["--gpus", f"device={devs}" if "," not in devs else f'"device={devs}"']

@@ -97,7 +97,7 @@ def test_the_plan_is_built_in_the_image_that_serves_it(tmp_path, node):
     key = json.loads((d / "1" / "model.plan.key.json").read_text())
     assert key["key"]["tensorrt"] == "100700" and key["where"] == f"image {IMAGE}"
     build = next(c for c in docker_calls(tmp_path) if "--skipInference" in c)
-    assert build[:5] == ["run", "--rm", "--gpus", "device=3", "--volume"]
+    assert build[:7] == ["run", "--rm", "--network", "none", "--gpus", "device=3", "--volume"]
     assert build[build.index("--entrypoint") + 1:build.index("--entrypoint") + 3] == ["trtexec", IMAGE]
     # an image upgrade (its TensorRT) makes the plan stale: drift, not ok
     assert next(r for r in Plugin(prof, b).verify() if r.key == "repository").status == OK
