@@ -52,6 +52,12 @@ def playbook(node, action: str):
     return run, run.hosts["hkvm"]
 
 
+def why(run) -> str:
+    """A failed run in a few lines: each host's last task, message and failed settings."""
+    return "\n".join(f"rc {run.rc}: {h}: {r.state} at {r.last_task!r}: {r.msg[-1500:]} {r.failures}"
+                     for h, r in run.hosts.items())
+
+
 def verify(vm) -> tuple[int, dict]:
     p = vm.ssh(f"{CLI} verify --json --profile {NODE_PROFILE}", timeout=300)
     assert p.stdout, p.stderr
@@ -122,7 +128,7 @@ def test_converge_reboot_verify(vm, node, stage):
 
     with stage("ansible-playbook site.yml (first converge, toolkit installed)"):
         run, h = playbook(node, "apply")
-    assert run.rc == 0 and not h.is_failed and h.changed > 0, run.to_dict()
+    assert run.rc == 0 and not h.is_failed and h.changed > 0, why(run)
 
     with stage("hkgpu-tune verify over SSH"):
         rc, doc = verify(vm)
@@ -134,7 +140,7 @@ def test_converge_reboot_verify(vm, node, stage):
 
     with stage("ansible-playbook site.yml (re-run)"):
         run, h = playbook(node, "apply")
-    assert run.rc == 0 and not h.is_failed and h.changed == 0, run.to_dict()
+    assert run.rc == 0 and not h.is_failed and h.changed == 0, why(run)
 
     with stage("testinfra before the reboot"):
         t = run_testinfra(node["inventory"])
@@ -165,7 +171,7 @@ def test_converge_reboot_verify(vm, node, stage):
 def test_rollback_survives_reboot(vm, node, stage):
     with stage("ansible-playbook rollback.yml"):
         run, h = playbook(node, "rollback")
-    assert run.rc == 0 and not h.is_failed, run.to_dict()
+    assert run.rc == 0 and not h.is_failed, why(run)
     # at once, before any reboot: the originals are back in the running kernel (each queue's
     # qdisc under an mq of the tool's, 1:, which still lists the queues no longer in use)
     now = data_nic(vm)
@@ -187,8 +193,8 @@ def test_probe_failure_keeps_the_old_mtu(vm, node, stage):
     try:
         with stage("ansible-playbook site.yml (probe fails)"):
             run, h = playbook(node, "apply")
-        assert run.rc != 0 and h.failed == 1, run.to_dict()
-        assert PEER_ADDR in h.msg, run.to_dict()      # the failure names the peer
+        assert run.rc != 0 and h.failed == 1, why(run)
+        assert PEER_ADDR in h.msg, why(run)      # the failure names the peer
         assert vm.reachable()
         now = data_nic(vm)
         assert now["mtu"] == "1500", now
