@@ -142,6 +142,8 @@ EXIT_STATUS = [("0", "ok: every setting as the profile says, the command did wha
 ENVIRONMENT = [
     ("HKGPU_TUNE_PROFILE", "the profile to use when --profile is not given"),
     ("HKGPU_TUNE_STATE_DIR", "where apply keeps the originals (default /var/lib/hkgpu-tune)"),
+    ("HKGPU_TUNE_HOST_DIR", "the host lock and registry of journals, one per host whatever state directory "
+                            "a run names (default /var/lib/hkgpu-tune; only for simulated hosts sharing a kernel)"),
     ("HKGPU_TUNE_TEXTFILE_DIR", "node_exporter's textfile directory for export "
                                 "(default /var/lib/prometheus/node-exporter)"),
     ("HKGPU_TUNE_ETC_DIR", "the directory of node.yaml and profile.yaml (default /etc/hkgpu-tune)"),

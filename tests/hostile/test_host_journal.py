@@ -134,3 +134,37 @@ def test_health_and_persist_take_the_host_lock_too(net, tmp_path):
     finally:
         holder.kill()
         holder.wait()
+
+
+DEFAULT_RUN = r"""
+set -u
+mount -t tmpfs -o mode=0755 hkgpu-test /var/lib          # this mount namespace only: the real one is untouched
+hk() { ip netns exec "$NS" "$PY" -m hkgpu_tune "$@"; }
+hk apply --profile "$P9000" --state-dir "$A" >/dev/null 2>&1; echo "first=$?"
+hk apply --profile "$P8000" --state-dir "$B" >/dev/null 2>"$ERR"; echo "second=$?"
+echo "mtu=$(ip -n "$NS" -o link show "$DEV" | sed -n 's/.* mtu \([0-9]*\) .*/\1/p')"
+echo "registry=$(cat /var/lib/hkgpu-tune/journals.json | tr -d '\n ')"
+echo "lock=$(stat -c %a:%u /var/lib/hkgpu-tune/host.lock)"
+hk rollback --state-dir "$A" >/dev/null 2>&1; echo "rollback=$?"
+echo "mtu_after=$(ip -n "$NS" -o link show "$DEV" | sed -n 's/.* mtu \([0-9]*\) .*/\1/p')"
+"""
+
+
+def test_the_product_default_is_one_place_for_the_whole_host(net, tmp_path):
+    """Without HKGPU_TUNE_HOST_DIR (as installed): the lock and the registry are /var/lib/hkgpu-tune's
+    whatever --state-dir names. Run in a mount namespace of its own with a tmpfs over /var/lib."""
+    import os
+    a, b, err = tmp_path / "a", tmp_path / "b", tmp_path / "err"
+    env = {k: v for k, v in os.environ.items() if k != "HKGPU_TUNE_HOST_DIR"}
+    env.update(NS=net.A, PY=sys.executable, DEV=net.a, A=str(a), B=str(b), ERR=str(err),
+               P9000=mtu_profile(tmp_path, net, 9000, "9000.yaml"), P8000=mtu_profile(tmp_path, net, 8000, "8000.yaml"))
+    p = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", DEFAULT_RUN], env=env,
+                       capture_output=True, text=True, timeout=120)
+    got = dict(line.split("=", 1) for line in p.stdout.splitlines() if "=" in line)
+    assert got.get("first") == "0" and got.get("second") == "1", p.stdout + p.stderr
+    assert f"is recorded in the journal at {a} (original 1500)" in err.read_text()
+    assert got["mtu"] == "9000" and json.loads(got["registry"])["journals"] == [str(a)]
+    assert got["lock"] == "600:0"
+    assert got["rollback"] == "0" and got["mtu_after"] == "1500", p.stdout + p.stderr
+    assert not os.path.exists("/var/lib/hkgpu-tune/journals.json") or \
+        str(a) not in open("/var/lib/hkgpu-tune/journals.json").read()   # the real host's was never written
