@@ -155,6 +155,10 @@ FILES = [
     ("/etc/hkgpu-tune/node.yaml", "the node's profile, written by the Ansible roles"),
     ("/etc/hkgpu-tune/profile.yaml", "the profile apply --persist keeps for the boot unit"),
     ("/var/lib/hkgpu-tune/", "saved originals and the journal of apply (rollback reads them)"),
+    ("/var/lib/hkgpu-tune/host.lock", "the host lock: one apply, rollback, persist or health run at a time, "
+                                      "whatever state directory each names"),
+    ("/var/lib/hkgpu-tune/journals.json", "the state directories whose journal holds entries (a setting lives "
+                                          "in one of them)"),
     ("/var/lib/prometheus/node-exporter/hkgpu-tune.prom", "the textfile export writes (one writer: "
                                                           "a second file with the same series is refused)"),
     ("/etc/systemd/system/hkgpu-tune.service", "re-applies the persisted profile at boot"),
