@@ -197,10 +197,12 @@ class Host:
                 and sf.st_size > 0)
 
     def journals(self, exclude: str | None = None) -> list[str]:
-        """The state directories whose journal holds entries (each re-validated; `exclude`: not this one)."""
+        """The state directories whose journal holds entries (each re-validated; `exclude`: not this
+        one). The host directory's own journal (the default state directory's) always counts, also
+        one an older version wrote before there was a registry."""
         listed = self._read_registry() or []
         out = []
-        for d in listed[:MAX_DIRS]:
+        for d in [self.dir] + listed[:MAX_DIRS]:
             if self._valid(d) and d not in out and not (exclude and _same_dir(d, exclude)):
                 out.append(d)
         return out

@@ -218,3 +218,14 @@ def test_a_listed_journal_that_is_not_valid_refuses_the_apply(tmp_path, host_dir
     with pytest.raises(StateError, match=f"{st}/state.json"):
         eng.apply()
     assert untouched(b)
+
+
+def test_journals_from_before_the_registry_are_found(tmp_path, host_dir):
+    """The default state directory (the host directory's own journal) counts without a registry."""
+    own = journal_with(tmp_path, "x")                  # made elsewhere, then moved in as an older version's
+    os.rename(own / "state.json", host_dir / "state.json")
+    assert not (host_dir / "journals.json").exists()
+    b, eng = apply(tmp_path / "mine")
+    with pytest.raises(StateError, match=f"is recorded in the journal at {host_dir} "):
+        eng.apply()
+    assert untouched(b)
