@@ -201,7 +201,7 @@ class Engine:
                     if line:
                         rep.files.append(line)
                 entries.remove(c)
-                self.state.save(entries)
+                self.state.save(entries, register=False)   # shrinking: listed already
         return rep
 
 

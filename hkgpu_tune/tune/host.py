@@ -209,8 +209,15 @@ class Host:
 
     def note(self, state_dir: str, has_entries: bool) -> None:
         """Record (or drop) state_dir in the registry; entries that no longer hold are dropped too.
-        Called under the host lock."""
-        listed = self._read_registry()
+        Called under the host lock. A registry that cannot be read is refused when adding (apply
+        refused it before writing anything) and left alone when dropping (rollback goes on; the next
+        apply refuses it, naming it)."""
+        try:
+            listed = self._read_registry()
+        except StateError:
+            if has_entries:
+                raise
+            return
         d = os.path.abspath(state_dir)
         keep = [x for x in (listed or [])[:MAX_DIRS] if self._valid(x) and not _same_dir(x, d)]
         if has_entries:

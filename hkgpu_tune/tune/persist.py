@@ -541,7 +541,7 @@ def unpersist(state_dir: str, host_dir: str | None = None) -> list[str]:
                 errs.append(f"{e.filename or c.target}: {e.strerror}")
                 continue
             entries.remove(c)
-            st.save(entries)
+            st.save(entries, register=False)
             if c.target.endswith("/" + UNIT_FILE):
                 try:
                     done += _forget_textfile(c.target[:-len(UNIT_FILE)])

@@ -207,8 +207,10 @@ class State:
         self.log = log[-LOG_MAX:] if isinstance(log, list) else []
         return out
 
-    def save(self, changes: list[Change]) -> None:
-        """Write the entries (and the journal's events); no entries left: the file is removed."""
+    def save(self, changes: list[Change], register: bool = True) -> None:
+        """Write the entries (and the journal's events); no entries left: the file is removed and
+        the directory leaves the host's registry. register: list it there (apply; a rollback, which
+        only removes entries, does not need the registry and works when it is broken)."""
         if not changes:
             self.clear()
             return
@@ -223,7 +225,8 @@ class State:
         doc = {"format": 2, "tool": "hkgpu-tune", "saved": time.time(), "entries": entries,
                "log": self.log[-LOG_MAX:]}
         atomic_write(self.path, json.dumps(doc, indent=1, default=str) + "\n", mode=0o600)
-        self.host.note(self.dir, True)
+        if register:
+            self.host.note(self.dir, True)
 
     def clear(self) -> None:
         if not self.check_dir():

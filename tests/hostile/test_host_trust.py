@@ -229,3 +229,18 @@ def test_journals_from_before_the_registry_are_found(tmp_path, host_dir):
     with pytest.raises(StateError, match=f"is recorded in the journal at {host_dir} "):
         eng.apply()
     assert untouched(b)
+
+
+def test_a_broken_registry_never_stops_a_rollback(tmp_path, host_dir):
+    """Rollback only removes entries: it restores everything and leaves the broken registry to be
+    refused by the next apply."""
+    b = host()
+    eng = Engine(parse_profile_text(PROFILE, "t.yaml"), state_dir=str(tmp_path / "st"), backends=b)
+    assert not eng.apply().error and b.net.links()[0]["mtu"] == 9000
+    (host_dir / "journals.json").write_text("garbage")
+    restored, errs = eng.rollback()
+    assert restored and not errs and not (tmp_path / "st" / "state.json").exists()
+    assert b.net.links()[0]["mtu"] == 1500 and b.sysctl.values["net.core.rmem_max"] == "212992"
+    assert (host_dir / "journals.json").read_text() == "garbage"
+    with pytest.raises(StateError, match="not a hkgpu-tune journal registry"):
+        eng.apply()
