@@ -87,9 +87,10 @@ class State:
         """Hold the host lock, then the state directory's lock (non-blocking: another holder is a
         LockError naming its pid): one apply, rollback, persist or health run per host at a time,
         whatever state directory each names."""
-        self.check_dir(create=True)
-        with self.host.lock(self.dir), self._dir_lock():
-            yield
+        with self.host.lock(self.dir):
+            self.check_dir(create=True)     # made only once the host lock is ours
+            with self._dir_lock():
+                yield
 
     @contextmanager
     def _dir_lock(self):
