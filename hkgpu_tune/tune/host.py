@@ -85,8 +85,8 @@ class Host:
             except FileExistsError:
                 pass
             except OSError as e:
-                hint = " (run as root)" if e.errno in (errno.EACCES, errno.EPERM) else ""
-                raise HkError(f"{self.dir}: cannot make the host directory: {e.strerror}{hint}", e.errno) from None
+                why = "permission denied (run as root)" if e.errno in (errno.EACCES, errno.EPERM) else e.strerror
+                raise HkError(f"{self.dir}: cannot make the host directory: {why}", e.errno) from None
             st = os.lstat(self.dir)
         except OSError as e:
             raise StateError(f"{self.dir}: cannot read the host directory: {e.strerror}") from None
