@@ -2,6 +2,7 @@
 directory never saves the first one's write as its "original", and two runs with different state
 directories never work at once. The host is read with `ip`, never with hkgpu-tune's verify."""
 import json
+import os
 import subprocess
 import sys
 import time

@@ -89,8 +89,9 @@ def test_garbage_in_a_held_lock_is_never_printed(tmp_path, host_dir):
     assert "\x1b" not in out and "\x07" not in out
 
 
-def test_lock_error_is_a_lock_error_for_another_state_dir(tmp_path):
-    """A second lock in the same process with another host lock holder: LockError, not a hang."""
+def test_a_run_with_another_state_dir_gets_a_lock_error_at_once(tmp_path):
+    """Another process holds the host lock for its own state directory: LockError naming it, not a
+    wait, and nothing written, not even the state directory."""
     code = ("import sys, time\nfrom hkgpu_tune.tune.state import State\n"
             "with State(sys.argv[1]).lock():\n    print('held', flush=True); time.sleep(30)\n")
     holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "one")], stdout=subprocess.PIPE, text=True)
@@ -99,7 +100,7 @@ def test_lock_error_is_a_lock_error_for_another_state_dir(tmp_path):
         b, eng = apply(tmp_path / "two")
         with pytest.raises(LockError, match=rf"\(pid {holder.pid}\) with the state directory {tmp_path / 'one'};"):
             eng.apply()
-        assert untouched(b) and not (tmp_path / "two" / "state.json").exists()
+        assert untouched(b) and not (tmp_path / "two").exists()
     finally:
         holder.kill()
         holder.wait()
