@@ -154,7 +154,6 @@ echo "mtu_after=$(ip -n "$NS" -o link show "$DEV" | sed -n 's/.* mtu \([0-9]*\) 
 def test_the_product_default_is_one_place_for_the_whole_host(net, tmp_path):
     """Without HKGPU_TUNE_HOST_DIR (as installed): the lock and the registry are /var/lib/hkgpu-tune's
     whatever --state-dir names. Run in a mount namespace of its own with a tmpfs over /var/lib."""
-    import os
     a, b, err = tmp_path / "a", tmp_path / "b", tmp_path / "err"
     env = {k: v for k, v in os.environ.items() if k != "HKGPU_TUNE_HOST_DIR"}
     env.update(NS=net.A, PY=sys.executable, DEV=net.a, A=str(a), B=str(b), ERR=str(err),
