@@ -1,5 +1,6 @@
 import os
 import shutil
+import tempfile
 
 import pytest
 
@@ -8,6 +9,26 @@ from tests import skip_report
 
 def pytest_configure(config):
     skip_report.register(config)     # every skip listed with its reason; one without fails the run
+    # the host lock and registry of journals (hkgpu_tune/tune/host.py) are host-wide in the product;
+    # a test run must not share them with another run on the machine (nor use the real ones): its
+    # own, and each test its own below (fixtures of a wider scope get this one)
+    if "HKGPU_TUNE_HOST_DIR" not in os.environ:
+        os.environ["HKGPU_TUNE_HOST_DIR"] = config._hkgpu_host_dir = tempfile.mkdtemp(prefix="hkgpu-host-")
+
+
+def pytest_unconfigure(config):
+    d = getattr(config, "_hkgpu_host_dir", None)
+    if d:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(autouse=True)
+def host_dir(tmp_path_factory, monkeypatch):
+    """This test's host directory (HKGPU_TUNE_HOST_DIR): tests with temporary state directories
+    never see each other's journals."""
+    d = tmp_path_factory.mktemp("host")
+    monkeypatch.setenv("HKGPU_TUNE_HOST_DIR", str(d))
+    return d
 
 
 def pytest_collection_modifyitems(config, items):

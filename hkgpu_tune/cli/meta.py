@@ -142,6 +142,8 @@ EXIT_STATUS = [("0", "ok: every setting as the profile says, the command did wha
 ENVIRONMENT = [
     ("HKGPU_TUNE_PROFILE", "the profile to use when --profile is not given"),
     ("HKGPU_TUNE_STATE_DIR", "where apply keeps the originals (default /var/lib/hkgpu-tune)"),
+    ("HKGPU_TUNE_HOST_DIR", "the host lock and registry of journals, one per host whatever state directory "
+                            "a run names (default /var/lib/hkgpu-tune; only for simulated hosts sharing a kernel)"),
     ("HKGPU_TUNE_TEXTFILE_DIR", "node_exporter's textfile directory for export "
                                 "(default /var/lib/prometheus/node-exporter)"),
     ("HKGPU_TUNE_ETC_DIR", "the directory of node.yaml and profile.yaml (default /etc/hkgpu-tune)"),
@@ -153,6 +155,10 @@ FILES = [
     ("/etc/hkgpu-tune/node.yaml", "the node's profile, written by the Ansible roles"),
     ("/etc/hkgpu-tune/profile.yaml", "the profile apply --persist keeps for the boot unit"),
     ("/var/lib/hkgpu-tune/", "saved originals and the journal of apply (rollback reads them)"),
+    ("/var/lib/hkgpu-tune/host.lock", "the host lock: one apply, rollback, persist or health run at a time, "
+                                      "whatever state directory each names"),
+    ("/var/lib/hkgpu-tune/journals.json", "the state directories whose journal holds entries (a setting lives "
+                                          "in one of them)"),
     ("/var/lib/prometheus/node-exporter/hkgpu-tune.prom", "the textfile export writes (one writer: "
                                                           "a second file with the same series is refused)"),
     ("/etc/systemd/system/hkgpu-tune.service", "re-applies the persisted profile at boot"),

@@ -131,18 +131,18 @@ def _failure_lines(results) -> str:
                      f"desired {r.desired}{' (' + r.reason + ')' if r.reason else ''}" for r in results if r.failed)
 
 
-def _rollback(check: bool, state_dir: str, only: list[str] | None = None) -> dict:
+def _rollback(check: bool, state_dir: str, only: list[str] | None = None, host_dir: str | None = None) -> dict:
     """Restore the saved originals; `only`: just those subsystems ("persist": the files of
     --persist, which go only when it is named or nothing is)."""
     from hkgpu_tune.tune.engine import Engine
     from hkgpu_tune.tune.persist import unpersist
-    eng = Engine(parse_profile_text("name: rollback\n", "<rollback>"), state_dir=state_dir)
+    eng = Engine(parse_profile_text("name: rollback\n", "<rollback>"), state_dir=state_dir, host_dir=host_dir)
     try:
         saved = [c for c in eng.state.load() if not only or c.subsystem in only]
         if check:
             return {"changed": bool(saved), "restored": [c.to_dict() for c in saved], "files": []}
         restored, errs = eng.rollback(only=only or None)
-        files = unpersist(eng.state.dir) if not only or "persist" in only else []
+        files = unpersist(eng.state.dir, host_dir) if not only or "persist" in only else []
         out = {"changed": bool(restored or files), "restored": [c.to_dict() for c in restored], "files": files}
         if errs:
             raise ConvergeFailed("rollback failed: " + "; ".join(errs), out)
@@ -153,7 +153,7 @@ def _rollback(check: bool, state_dir: str, only: list[str] | None = None) -> dic
 
 def converge(sections: dict | None, check: bool, *, profile: str | None = None, profile_path: str = NODE_PROFILE,
              only: list[str] | None = None, state: str = "applied", state_dir: str = STATE_DIR,
-             files=(), fail_on_drift: bool = True, persist: bool = False, backends=None) -> dict:
+             host_dir: str | None = None, files=(), fail_on_drift: bool = True, persist: bool = False, backends=None) -> dict:
     """Bring the node to the profile, or report how far it is from it.
 
     sections: profile sections merged into the node profile at `profile_path` (None: use
@@ -162,11 +162,12 @@ def converge(sections: dict | None, check: bool, *, profile: str | None = None, 
 
     Returns {"changed", "diff", "results", "failures", "changes", ...}. Raises ProfileError for
     a bad profile (nothing written), ConvergeFailed (with `.result`) when the run failed.
+    host_dir: the host lock and registry of journals (None: the host's own; tune/host.py).
     """
     if state not in STATES:
         raise HkError(f"state: expected one of {', '.join(STATES)}, got {state!r}")
     if state == "rolled_back":
-        return _rollback(check, state_dir, only)
+        return _rollback(check, state_dir, only, host_dir)
 
     text = old = None
     default_only = None
@@ -181,7 +182,7 @@ def converge(sections: dict | None, check: bool, *, profile: str | None = None, 
         return {"changed": False, "results": [], "failures": [], "changes": [], "msg": "nothing selected"}
 
     from hkgpu_tune.tune.engine import ApplyReport, Engine
-    eng = Engine(prof, only=only, state_dir=state_dir, backends=backends)
+    eng = Engine(prof, only=only, state_dir=state_dir, backends=backends, host_dir=host_dir)
     try:
         if state == "verified":
             files_changed, file_diffs = write_files(files, check)
@@ -219,7 +220,8 @@ def converge(sections: dict | None, check: bool, *, profile: str | None = None, 
             raise ConvergeFailed(rep.error + (" (rolled back)" if rep.rolled_back else ""), out)
         if persist and (out["changed"] or _needs_persist(text)):
             from hkgpu_tune.tune.persist import persist as do_persist
-            full = Engine(parse_profile_text(text, profile_path) if text else prof, state_dir=state_dir, backends=eng.b)
+            full = Engine(parse_profile_text(text, profile_path) if text else prof, state_dir=state_dir, backends=eng.b,
+                          host_dir=host_dir)
             out["persisted"] = do_persist(full, "/", profile_path=profile_path if text else prof.path)
         if out["failures"]:
             raise ConvergeFailed(f"{len(out['failures'])} setting(s) failed after apply: "

@@ -30,10 +30,10 @@ class Engine:
     """One run over the profile's subsystems. Backends are swappable (tests)."""
 
     def __init__(self, profile, only: list[str] | None = None, state_dir: str | None = None,
-                 backends: Backends | None = None):
+                 backends: Backends | None = None, host_dir: str | None = None):
         self.profile = profile
         self.b = backends or Backends()
-        self.state = State(state_dir)
+        self.state = State(state_dir, host_dir)
         if only:
             bad = [n for n in only if n not in subsystems.ORDER]
             if bad:
@@ -97,6 +97,8 @@ class Engine:
             rep.results = self.verify()
             return rep
         j = Journal(self.state)
+        place.stamp(changes)
+        j.refuse_recorded_elsewhere(changes)   # before the first write: nothing changes
         try:
             for s in self.subs:
                 mine = [c for c in changes if c.subsystem == s.name]
@@ -199,7 +201,7 @@ class Engine:
                     if line:
                         rep.files.append(line)
                 entries.remove(c)
-                self.state.save(entries)
+                self.state.save(entries, register=False)   # shrinking: listed already
         return rep
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.core.errors import HkError, StateError
 from hkgpu_tune.core.place import same_setting
 from hkgpu_tune.core.report import Change
 from hkgpu_tune.tune.state import State
@@ -49,8 +49,25 @@ class Journal:
     def save(self) -> None:
         self.state.save(self.entries)
 
+    def refuse_recorded_elsewhere(self, changes: list[Change]) -> None:
+        """StateError when a setting this journal would save a new original of is already in
+        another state directory's journal on this host: that journal's "original" is the true
+        one, and this one would save the other run's write as its own."""
+        new = [c for c in changes if self._entry(c) is None]
+        if not new:
+            return
+        for d in self.state.host.journals(exclude=self.state.dir):
+            other = State(d, host_dir=self.state.host.dir).load()
+            for c in new:
+                e = next((e for e in other if same_setting(e, c)), None)
+                if e is not None:
+                    raise StateError(f"{c.subsystem} {c.target} {c.key} is recorded in the journal at {d} "
+                                     f"(original {repr(e.current)[:80]}): apply with --state-dir {d} or roll it "
+                                     "back there first")
+
     def originals(self, changes: list[Change]) -> None:
         """Save the originals of `changes` (the oldest one wins), on disk before any is written."""
+        self.refuse_recorded_elsewhere(changes)
         for c in changes:
             self.this_run.append(c)
             if self._entry(c) is None:
@@ -63,6 +80,7 @@ class Journal:
         """Replace the saved entry of c's setting (persist: the content hashes it wrote) and save."""
         e = self._entry(c)
         if e is None:
+            self.refuse_recorded_elsewhere([c])
             self.entries.append(c)
         else:
             self.entries[self.entries.index(e)] = c

@@ -519,10 +519,10 @@ def _forget_textfile(root: str) -> list[str]:
     return [f"removed {path} (the boot unit's export)"]
 
 
-def unpersist(state_dir: str) -> list[str]:
+def unpersist(state_dir: str, host_dir: str | None = None) -> list[str]:
     """Remove or restore every file persist wrote (newest first); each entry leaves the state file
     as soon as its file is back. One line per file."""
-    st = State(state_dir)
+    st = State(state_dir, host_dir)
     if not st.check_dir():
         return []
     _refuse_legacy(st.dir)
@@ -541,7 +541,7 @@ def unpersist(state_dir: str) -> list[str]:
                 errs.append(f"{e.filename or c.target}: {e.strerror}")
                 continue
             entries.remove(c)
-            st.save(entries)
+            st.save(entries, register=False)
             if c.target.endswith("/" + UNIT_FILE):
                 try:
                     done += _forget_textfile(c.target[:-len(UNIT_FILE)])

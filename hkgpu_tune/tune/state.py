@@ -23,6 +23,7 @@ from hkgpu_tune.tune import settings
 from hkgpu_tune.core.errors import HkError, LockError, StateError
 from hkgpu_tune.core.fsutil import atomic_write
 from hkgpu_tune.core.report import Change
+from hkgpu_tune.tune.host import Host, owned_problem
 
 DEFAULT_STATE_DIR = "/var/lib/hkgpu-tune"
 STATE_FILE = "state.json"
@@ -35,21 +36,18 @@ _held: dict[str, list] = {}
 
 
 def _check_owned(path: str, st: os.stat_result, what: str) -> None:
-    euid = os.geteuid()
-    if st.st_uid != euid:
-        raise StateError(f"{path}: the {what} belongs to uid {st.st_uid}, not to the user running "
-                         f"hkgpu-tune (uid {euid}): refused")
-    if st.st_mode & 0o022:
-        raise StateError(f"{path}: the {what} is writable by group or others "
-                         f"(mode {stat.S_IMODE(st.st_mode):04o}): refused (chmod go-w it)")
+    why = owned_problem(path, st, what)
+    if why:
+        raise StateError(why)
 
 
 class State:
     """The originals of everything apply changed, on disk (atomic, owner-only)."""
 
-    def __init__(self, state_dir: str | None = None):
+    def __init__(self, state_dir: str | None = None, host_dir: str | None = None):
         d = state_dir or os.environ.get("HKGPU_TUNE_STATE_DIR") or DEFAULT_STATE_DIR
         self.dir = os.path.abspath(d)
+        self.host = Host(host_dir)    # the host-wide lock and registry of journals (tune/host.py)
         self.path = os.path.join(self.dir, STATE_FILE)
         self.log: list[dict] = []     # the journal's events, kept with the entries
 
@@ -86,8 +84,16 @@ class State:
     # ------------------------------------------------------------ the lock
     @contextmanager
     def lock(self):
-        """Hold the state directory's lock (non-blocking: another holder is a LockError naming its pid)."""
-        self.check_dir(create=True)
+        """Hold the host lock, then the state directory's lock (non-blocking: another holder is a
+        LockError naming its pid): one apply, rollback, persist or health run per host at a time,
+        whatever state directory each names."""
+        with self.host.lock(self.dir):
+            self.check_dir(create=True)     # made only once the host lock is ours
+            with self._dir_lock():
+                yield
+
+    @contextmanager
+    def _dir_lock(self):
         held = _held.get(self.dir)
         if held:
             held[1] += 1
@@ -202,8 +208,10 @@ class State:
         self.log = log[-LOG_MAX:] if isinstance(log, list) else []
         return out
 
-    def save(self, changes: list[Change]) -> None:
-        """Write the entries (and the journal's events); no entries left: the file is removed."""
+    def save(self, changes: list[Change], register: bool = True) -> None:
+        """Write the entries (and the journal's events); no entries left: the file is removed and
+        the directory leaves the host's registry. register: list it there (apply; a rollback, which
+        only removes entries, does not need the registry and works when it is broken)."""
         if not changes:
             self.clear()
             return
@@ -218,6 +226,8 @@ class State:
         doc = {"format": 2, "tool": "hkgpu-tune", "saved": time.time(), "entries": entries,
                "log": self.log[-LOG_MAX:]}
         atomic_write(self.path, json.dumps(doc, indent=1, default=str) + "\n", mode=0o600)
+        if register:
+            self.host.note(self.dir, True)
 
     def clear(self) -> None:
         if not self.check_dir():
@@ -228,3 +238,4 @@ class State:
             return
         from hkgpu_tune.core.fsutil import fsync_dir
         fsync_dir(self.dir)
+        self.host.note(self.dir, False)

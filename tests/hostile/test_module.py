@@ -114,3 +114,23 @@ def test_rolled_back_with_only_restores_only_those_and_keeps_the_persisted_files
     assert not out.get("failed") and out["files"] == [] and conf.exists(), out
     out = module(tmp_path, state="rolled_back", only=["persist"])
     assert not out.get("failed") and not conf.exists(), out
+
+
+def test_host_dir_names_the_host_lock_the_module_takes(tmp_path):
+    """host_dir (simulated hosts on one kernel) is the lock the module takes; without it, the host's."""
+    other = tmp_path / "other-host"
+    (tmp_path / "state").mkdir(mode=0o700)
+    code = ("import sys, time\nfrom hkgpu_tune.tune.state import State\n"
+            "with State(sys.argv[1], sys.argv[2]).lock():\n    print('held', flush=True); time.sleep(30)\n")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "held"), str(other)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        out = module(tmp_path, state="rolled_back", host_dir=str(other))
+        assert out.get("failed") and f"holds the lock (pid {holder.pid}) with the state directory {tmp_path / 'held'}" \
+            in out["msg"], out
+        out = module(tmp_path, state="rolled_back")      # the test's own host directory: free
+        assert not out.get("failed"), out
+    finally:
+        holder.kill()
+        holder.wait()

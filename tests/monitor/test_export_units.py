@@ -137,3 +137,9 @@ def test_role_tasks_write_once_then_change_nothing(tmp_path):
     assert play(hkgpu_verify_interval="1min") == 1   # the timer file only
     assert "OnUnitActiveSec=1min" in (units / "hkgpu-tune-verify.timer").read_text()
     assert (units / "hkgpu-tune-verify.service").stat().st_mtime_ns == service
+
+
+def test_the_service_names_the_host_dir_only_when_the_role_sets_one():
+    assert [e for e in keys(render("hkgpu-tune-verify.service.j2"), "Environment") if "HOST_DIR" in e] == []
+    s = render("hkgpu-tune-verify.service.j2", hkgpu_host_dir="/srv/sim 1/%h")
+    assert '"HKGPU_TUNE_HOST_DIR=/srv/sim 1/%%h"' in keys(s, "Environment")

@@ -139,6 +139,8 @@ def inventory(n: int, run: str, python: str | None) -> str:
             "simrack_dir": run,
             "hkgpu_prefix": run + "/{{ inventory_hostname }}/opt/hkgpu-tune",
             "hkgpu_state_dir": run + "/{{ inventory_hostname }}/var/lib/hkgpu-tune",
+            # the host lock and registry of journals: each simulated host its own (they share a kernel)
+            "hkgpu_host_dir": run + "/{{ inventory_hostname }}/var/lib/hkgpu-tune",
             # node_exporter's textfile directory, per host (only /etc is private to a simulated host)
             "hkgpu_verify_textfile_dir": run + "/{{ inventory_hostname }}/textfile",
         },

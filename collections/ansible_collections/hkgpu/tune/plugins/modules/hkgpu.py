@@ -51,6 +51,11 @@ options:
     description: Where apply keeps the originals.
     type: path
     default: /var/lib/hkgpu-tune
+  host_dir:
+    description:
+      - The host lock and registry of journals, one per host whatever I(state_dir) names (default the
+        host's own, /var/lib/hkgpu-tune). Only for simulated hosts that share one kernel.
+    type: path
   files:
     description:
       - Small files the role owns on the node (e.g. a systemd unit), written when their content
@@ -97,7 +102,7 @@ def run(module) -> dict:
         raise ProfileError("profile: expected a dict of sections or a path")
     return converge(arg if isinstance(arg, dict) else None, module.check_mode,
                     profile=arg if isinstance(arg, str) else None, profile_path=p["profile_path"],
-                    only=p["only"], state=p["state"], state_dir=p["state_dir"], files=p["files"],
+                    only=p["only"], state=p["state"], state_dir=p["state_dir"], host_dir=p["host_dir"], files=p["files"],
                     fail_on_drift=p["fail_on_drift"], persist=p["persist"])
 
 
@@ -109,6 +114,7 @@ def main():
             only=dict(type="list", elements="str"),
             state=dict(type="str", choices=["applied", "verified", "rolled_back"], default="applied"),
             state_dir=dict(type="path", default="/var/lib/hkgpu-tune"),
+            host_dir=dict(type="path"),
             persist=dict(type="bool", default=False),
             files=dict(type="list", elements="dict", default=[]),
             fail_on_drift=dict(type="bool", default=True),
