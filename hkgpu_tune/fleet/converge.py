@@ -191,7 +191,7 @@ def converge(sections: dict | None, check: bool, *, profile: str | None = None, 
             if file_diffs:
                 out["diff"] = file_diffs
             if out["failures"] and fail_on_drift:
-                raise ConvergeFailed(f"{len(out['failures'])} setting(s) failed: {_failure_lines(res)}", out)
+                raise ConvergeFailed(f"verify: {len(out['failures'])} setting(s) failed: {_failure_lines(res)}", out)
             return out
 
         file_changed = text is not None and text != old

@@ -1,12 +1,13 @@
 """Roles and playbooks on a simulated rack over real SSH (tests/rack/simrack.py).
 
-Order matters: a bad profile first (the rack is still pristine), then converge, re-run,
-testinfra, drift, check mode, rollback.
+Order matters: a bad profile and a canary that does not verify first (the rest of the rack is
+still pristine), then converge, re-run, testinfra, drift, check mode, rollback.
 """
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 
@@ -36,6 +37,62 @@ def test_bad_profile_fails_in_first_batch_and_leaves_the_rest_untouched(rack):
     for h in rest:   # never reached: the canary batch failed
         assert h not in run.hosts or (run.hosts[h].ok, run.hosts[h].changed) == (0, 0)
     for h in rack["hosts"]:   # and nothing changed anywhere, the canary included
+        assert snapshot(h) == rack["originals"][h], h
+
+
+# Another agent on the host re-applies /etc/sysctl.d, in order, whenever a file there changes
+# (as a path unit running systemd-sysctl would); only per-namespace keys are in the files here.
+SYSCTL_AGENT = """
+sum() { cat /etc/sysctl.d/*.conf 2>/dev/null | cksum; }
+last=$(sum)
+echo ready
+while sleep 0.05; do
+  now=$(sum)
+  [ "$now" = "$last" ] && continue
+  for f in /etc/sysctl.d/*.conf; do sysctl -q -p "$f"; done
+  last=$now
+done
+"""
+LOCAL_CONF = "/etc/sysctl.d/99-local.conf"
+
+
+def test_canary_that_fails_verify_after_apply_stops_the_roll_out(rack):
+    """The canary's apply goes through, then an old local sysctl file that sorts after the tool's
+    60-hkgpu-tune.conf is re-applied by an agent there: the whole-node verify of the canary's batch
+    finds the drift, and the play ends before the next batch touches any other host."""
+    first, rest = rack["hosts"][0], rack["hosts"][1:]
+    key = "net.ipv4.tcp_fin_timeout"
+    local = rack["originals"][first][key]                # the value the operator's old file pins
+    simrack.nsexec(first, "sh", "-c", f"printf '{key} = {local}\\n' > {LOCAL_CONF}")
+    agent = subprocess.Popen(["ip", "netns", "exec", first, "sh", "-c", SYSCTL_AGENT], stdout=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    events = []
+    try:
+        assert agent.stdout.readline() == "ready\n"
+        run = play(rack, "apply", on_event=events.append)
+    finally:
+        os.killpg(agent.pid, signal.SIGTERM)
+        agent.wait(timeout=10)
+        simrack.nsexec(first, "rm", "-f", LOCAL_CONF)
+    ran = [(e["event_data"]["host"], e["event_data"].get("task"), e["event"]) for e in events
+           if e.get("event", "").startswith("runner_on_") and "host" in (e.get("event_data") or {})]
+    # the apply itself went through on the canary (the setting read back right after it) ...
+    assert (first, "Apply the network and kernel settings", "runner_on_ok") in ran, ran
+    applied = next(e["event_data"]["res"] for e in events if e.get("event") == "runner_on_ok"
+                   and e["event_data"].get("task") == "Apply the network and kernel settings")
+    assert applied["changed"] and not applied["failures"], applied
+    # ... the verify of its batch failed, naming the check and the key ...
+    assert run.rc != 0 and run.failed_hosts == [first], {h: r.msg for h, r in run.hosts.items()}
+    failed = [(h, t) for h, t, k in ran if k == "runner_on_failed"]
+    assert failed == [(first, "Verify the whole node after a change")], failed
+    msg = run.hosts[first].msg
+    assert msg.startswith("verify: 1 setting(s) failed") and f"{key}: drift: current {local}, desired 15" in msg, msg
+    assert [(f["key"], f["status"]) for f in run.hosts[first].failures] == [(key, "drift")]
+    assert snapshot(first)[key] == local                 # read with sysctl: the agent did revert it
+    # ... and the next batch was never started: no task ran on any other host, nothing changed there
+    assert [h for h, _, _ in ran if h != first] == []
+    for h in rest:
+        assert h not in run.hosts or (run.hosts[h].ok, run.hosts[h].changed) == (0, 0), h
         assert snapshot(h) == rack["originals"][h], h
 
 
