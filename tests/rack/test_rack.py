@@ -1,7 +1,8 @@
 """Roles and playbooks on a simulated rack over real SSH (tests/rack/simrack.py).
 
 Order matters: a bad profile and a canary that does not verify first (the rest of the rack is
-still pristine), then converge, re-run, testinfra, drift, check mode, rollback.
+still pristine), then converge, re-run, testinfra, drift, check mode, rollback, and last a canary
+whose Triton gate fails (it leaves the canary converged).
 """
 from __future__ import annotations
 
@@ -235,3 +236,73 @@ def test_rollback_restores_the_originals(rack):
                           "/etc/systemd/system/*.wants/hkgpu-tune-verify.* /etc/hkgpu-tune/export.env 2>/dev/null",
                           check=False).stdout.split()
     assert left == [] and not os.path.lexists(prom), (left, prom)
+
+
+def test_canary_that_fails_the_gate_stops_the_roll_out(rack):
+    """The canary's Triton service starts, but its latency gate fails: the operator's batching delay
+    is 200000 us where 200 us was meant (every request waits 200 ms for a batch, against a p99 SLO
+    of 50 ms; the server's own time misses, not the gate's client). The
+    canary fails naming the gate, its service is rolled back, and no task runs on any other host.
+    Last in the file: it leaves the canary's network applied."""
+    pytest.importorskip("pytriton", reason="needs the nvidia-pytriton wheel (its tritonserver)")
+    first, rest = rack["hosts"][0], rack["hosts"][1:]
+    before = {h: snapshot(h) for h in rest}
+    node = os.path.join(rack["dir"], first)
+    model = os.path.join(REPO, "tests", "triton", "data", "doubler.py")
+    hv = os.path.join(os.path.dirname(rack["inventory"]), "host_vars")
+    os.makedirs(hv, exist_ok=True)
+    with open(os.path.join(hv, f"{first}.yml"), "w") as f:
+        f.write(f"""\
+# root by name and no user created: a simulated host shares this machine's /etc/passwd
+hkgpu_triton_user: root
+hkgpu_triton_create_user: false
+hkgpu_triton_gpu: null
+hkgpu_triton_supervisor: process
+hkgpu_triton_model_repository: {node}/triton/models
+hkgpu_triton_run_dir: {node}/triton/run
+hkgpu_triton_metrics: {{port: 8002, address: 127.0.0.1}}
+hkgpu_triton_files: [{{src: {model}, dest: {node}/triton/doubler.py}}]
+hkgpu_triton_models:
+  - name: doubler
+    backend: python
+    model_file: {node}/triton/doubler.py
+    max_batch_size: 16
+    inputs: [{{name: INPUT0, data_type: FP32, dims: [4]}}]
+    outputs: [{{name: OUTPUT0, data_type: FP32, dims: [4]}}]
+    dynamic_batching: {{max_queue_delay_microseconds: 200000}}
+    instance_group: [{{count: 1, kind: KIND_CPU}}]
+hkgpu_triton_gate: {{ready_timeout_s: 120, warmup_requests: 2, load: {{requests: 16, concurrency: 2}}, p99_ms: 50}}
+""")
+    events = []
+    try:
+        run = play(rack, "apply", on_event=events.append)
+    finally:
+        os.unlink(os.path.join(hv, f"{first}.yml"))
+        left = _tritonservers(first)
+        for pid in left:                      # started by this test's play: stop them by their id
+            os.kill(int(pid), signal.SIGKILL)
+    ran = [(e["event_data"]["host"], e["event_data"].get("task"), e["event"]) for e in events
+           if e.get("event", "").startswith("runner_on_") and "host" in (e.get("event_data") or {})]
+    assert run.rc != 0 and run.failed_hosts == [first], {h: r.msg for h, r in run.hosts.items()}
+    failed = [(h, t) for h, t, k in ran if k == "runner_on_failed"]
+    assert failed == [(first, "Render the model repository and start the Triton service")], failed
+    msg = run.hosts[first].msg
+    assert "triton gate failed: doubler: p99 latency " in msg and "over the SLO of 50 ms" in msg, msg
+    assert left == [], f"the failed gate left tritonserver running: {left}"
+    assert [h for h, _, _ in ran if h != first] == []
+    for h in rest:
+        assert h not in run.hosts or (run.hosts[h].ok, run.hosts[h].changed) == (0, 0), h
+        assert snapshot(h) == before[h], h
+
+
+def _tritonservers(ns: str) -> list[str]:
+    """Ids of the tritonserver processes in a simulated host's namespace (read with ip and /proc)."""
+    out = []
+    for pid in simrack.sh("ip", "netns", "pids", ns, check=False).stdout.split():
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == "tritonserver":
+                    out.append(pid)
+        except OSError:
+            pass
+    return out
