@@ -7,8 +7,9 @@
 from __future__ import annotations
 
 import json
-import shutil
 import os
+import shutil
+import socket
 import subprocess
 import time
 from dataclasses import asdict, dataclass, field
@@ -104,18 +105,42 @@ class Stopped(Exception):
     pass
 
 
-def serve(port: int = 5201, seconds: float = 600, one_off: bool = False, bind: str | None = None,
+def local_addresses() -> set[str]:
+    """The addresses of this host (in this network namespace)."""
+    import psutil
+    return {a.address.split("%")[0] for addrs in psutil.net_if_addrs().values() for a in addrs
+            if a.family in (socket.AF_INET, socket.AF_INET6)}
+
+
+def listen_on(named: list[str], peers: list[str]) -> list[str]:
+    """Where `baseline serve` listens: the addresses given (--bind), else those of the profile's
+    peers this host holds. Never every address: none of either is an error saying so."""
+    if named:
+        return list(dict.fromkeys(named))
+    mine = local_addresses()
+    found = [a for a in dict.fromkeys(peers) if a in mine]
+    if not found:
+        raise HkError("baseline serve: none of the profile's network.fabric_peers or wan_peers is an address of "
+                      "this host, and no --bind ADDR was given: it never listens on every address")
+    return found
+
+
+def serve(port: int = 5201, seconds: float = 600, one_off: bool = False, bind: list[str] | str | None = None,
           out=None) -> int:
-    """Run `iperf3 -s` for at most `seconds` (or until one test ends with one_off). Returns 0;
-    an iperf3 that fails (a port in use) raises HkError with its last line."""
+    """Run `iperf3 -s -B ADDR` on each address for at most `seconds` (or until one test ends with
+    one_off). Returns 0; an iperf3 that fails (a port in use) raises HkError with its last line."""
     prog = exe()
     if prog is None:
         raise HkError(MISSING.split(":")[0])
-    argv = [prog, "-s", "-p", str(port)]
-    if one_off:
-        argv.append("-1")
-    if bind:
-        argv += ["-B", bind]
+    binds = [bind] if isinstance(bind, str) else list(bind or [None])
+    argvs = []
+    for addr in binds:
+        argv = [prog, "-s", "-p", str(port)]
+        if one_off:
+            argv.append("-1")
+        if addr:
+            argv += ["-B", addr]
+        argvs.append(argv)
     import signal
     import tempfile
     import threading
@@ -132,25 +157,41 @@ def serve(port: int = 5201, seconds: float = 600, one_off: bool = False, bind: s
         if os.getppid() != parent:
             os._exit(1)
     parent = os.getpid()
-    with tempfile.TemporaryFile() as err:
-        p = subprocess.Popen(argv, stdout=out or subprocess.DEVNULL, stderr=err, preexec_fn=bound)
-        try:
-            rc = p.wait(timeout=seconds)
-        except (subprocess.TimeoutExpired, Stopped):
-            rc = 0
-        finally:
-            for sig, h in old.items():
-                signal.signal(sig, h)
+    procs: list[tuple[subprocess.Popen, object]] = []
+    failed = None
+    try:
+        for argv in argvs:
+            err = tempfile.TemporaryFile()
+            procs.append((subprocess.Popen(argv, stdout=out or subprocess.DEVNULL, stderr=err, preexec_fn=bound), err))
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:   # until the bound, one exits (one-off, or an error) or a signal
+            done = [(p, e) for p, e in procs if p.poll() is not None]
+            if done:
+                failed = next(((p, e) for p, e in done if p.returncode), None)
+                break
+            time.sleep(0.1)
+    except Stopped:
+        pass
+    finally:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+        for p, _ in procs:
             if p.poll() is None:
                 p.terminate()
-                try:
-                    p.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-                    p.wait()
-        if rc:
-            err.seek(0)
-            lines = [x.strip() for x in err.read(4096).decode(errors="replace").splitlines() if x.strip()]
-            why = next((x for x in lines if "error" in x), lines[-1] if lines else "no message")
-            raise HkError(f"iperf3 -s on port {port} exited with {rc}: {why}")
+        for p, _ in procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        for _, e in procs:
+            if failed is None or e is not failed[1]:
+                e.close()
+    if failed:
+        p, err = failed
+        err.seek(0)
+        lines = [x.strip() for x in err.read(4096).decode(errors="replace").splitlines() if x.strip()]
+        err.close()
+        why = next((x for x in lines if "error" in x), lines[-1] if lines else "no message")
+        raise HkError(f"iperf3 -s on port {port} exited with {p.returncode}: {why}")
     return 0

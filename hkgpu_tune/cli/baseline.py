@@ -43,7 +43,9 @@ def add_parser(sub) -> None:
     s.add_argument("--port", type=int, default=None, help="TCP port (default: the profile's baseline.iperf3_port, 5201)")
     s.add_argument("--seconds", type=_positive, default=900, help="stop after this long (default 900)")
     s.add_argument("--one-off", action="store_true", help="stop after one test (iperf3 -1)")
-    s.add_argument("--bind", type=nonempty, help="listen on this address only")
+    s.add_argument("--bind", type=nonempty, action="append", metavar="ADDR",
+                   help="listen on this address (repeat for more; default: the addresses of the "
+                        "profile's fabric and WAN peers this host holds, never every address)")
     s.add_argument("--profile", "-p", type=nonempty, help=PROFILE_HELP)
     s.set_defaults(run=run_serve)
     m = bs.add_parser("compare", help="compare two snapshots metric by metric (exit 2 on a regression)")
@@ -124,10 +126,12 @@ def run_serve(ctx: Context) -> int:
         port = settings.of(ctx.profile).iperf3_port if args.profile else 5201
     if not 1 <= port <= 65535:
         raise HkError(f"--port: expected 1-65535, got {port}")
-    print(f"baseline serve: iperf3 on port {port}"
-          + (f" ({args.bind})" if args.bind else "")
+    net = ctx.profile.network if not args.bind else None
+    peers = [*net.fabric_peers, *(w.address for w in net.wan_peers)] if net else []
+    addrs = iperf.listen_on(args.bind or [], peers)
+    print(f"baseline serve: iperf3 on port {port} ({', '.join(addrs)})"
           + (" for one test" if args.one_off else "") + f", at most {args.seconds:g} s", flush=True)
-    iperf.serve(port, args.seconds, one_off=args.one_off, bind=args.bind)
+    iperf.serve(port, args.seconds, one_off=args.one_off, bind=addrs)
     return EXIT_OK
 
 

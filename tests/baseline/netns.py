@@ -58,12 +58,22 @@ class Bed:
         return str(path)
 
     def serve(self, seconds: int = 300):
+        """`baseline serve` in the peer with the bed's profile: it listens on the peer's fabric and WAN
+        addresses, which that profile names."""
+        import tempfile
+        fd, path = tempfile.mkstemp(prefix="hkbl-serve-", suffix=".yaml")
+        os.close(fd)
+        self.profile(path)
         self.server = subprocess.Popen(
             ["ip", "netns", "exec", self.peer, sys.executable, "-m", "hkgpu_tune", "baseline", "serve",
-             "--port", str(self.port), "--seconds", str(seconds)],
+             "--port", str(self.port), "--seconds", str(seconds), "--profile", path],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=REPO)
-        for _ in range(100):    # until the port listens
-            if f":{self.port} " in sh("ss", "-ltnH", ns=self.peer).stdout:
+        self._serve_profile = path
+        want = {f"{a}:{self.port}" for a in self.fabric + self.wan}
+        for _ in range(100):    # until the port listens on each address (and on no other)
+            got = {line.split()[3] for line in sh("ss", "-ltnH", ns=self.peer).stdout.splitlines()}
+            if want <= got:
+                assert not {g for g in got if g.endswith(f":{self.port}")} - want, got
                 return
             if self.server.poll() is not None:
                 raise AssertionError(f"baseline serve exited: {self.server.stderr.read().decode()}")
@@ -84,3 +94,5 @@ class Bed:
                 self.server.wait()
         for ns in (self.host, self.peer):
             sh("ip", "netns", "del", ns, check=False)
+        if getattr(self, "_serve_profile", None):
+            os.unlink(self._serve_profile)

@@ -138,14 +138,30 @@ def test_serve_is_bounded_and_a_port_in_use_is_one_line():
     try:
         bed.serve(seconds=30)
         p = subprocess.run(["ip", "netns", "exec", bed.peer, sys.executable, "-m", "hkgpu_tune", "baseline", "serve",
-                            "--port", "5312", "--seconds", "5"], capture_output=True, text=True, timeout=30)
+                            "--port", "5312", "--seconds", "5", "--bind", bed.fabric[0]],
+                           capture_output=True, text=True, timeout=30)
         assert p.returncode == 1
         assert p.stderr.splitlines()[-1].startswith("hkgpu-tune: error: iperf3 -s on port 5312 exited with 1: ")
         assert "Address already in use" in p.stderr
         # a bounded one: gone after its time, its iperf3 with it
         p = subprocess.run(["ip", "netns", "exec", bed.peer, sys.executable, "-m", "hkgpu_tune", "baseline", "serve",
-                            "--port", "5313", "--seconds", "1"], capture_output=True, text=True, timeout=30)
+                            "--port", "5313", "--seconds", "1", "--bind", bed.fabric[1]],
+                           capture_output=True, text=True, timeout=30)
         assert p.returncode == 0 and ":5313 " not in sh("ss", "-ltnH", ns=bed.peer).stdout
+        # no --bind and a profile that names no address of this host: refused, nothing listens
+        f = f"/tmp/hkbl-none-{os.getpid()}.yaml"
+        with open(f, "w") as fh:
+            fh.write("network:\n  fabric_peers: [198.19.255.1]\n")
+        try:
+            p = subprocess.run(["ip", "netns", "exec", bed.peer, sys.executable, "-m", "hkgpu_tune", "baseline",
+                                "serve", "--port", "5314", "--seconds", "5", "--profile", f],
+                               capture_output=True, text=True, timeout=30)
+        finally:
+            os.unlink(f)
+        assert p.returncode == 1 and p.stderr == (
+            "hkgpu-tune: error: baseline serve: none of the profile's network.fabric_peers or wan_peers is an address "
+            "of this host, and no --bind ADDR was given: it never listens on every address\n"), p.stderr
+        assert ":5314 " not in sh("ss", "-ltnH", ns=bed.peer).stdout
         bed.server.terminate()        # SIGTERM: serve stops its iperf3 before it exits
         bed.server.wait(timeout=10)
         assert ":5312 " not in sh("ss", "-ltnH", ns=bed.peer).stdout

@@ -23,6 +23,8 @@ def start(net, port):
                          stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     for _ in range(200):
         if listening(net, port):
+            got = [x.split()[3] for x in sh("ss", "-ltnH", ns=net.A).stdout.splitlines() if f":{port} " in x + " "]
+            assert got == [f"{net.ipa}:{port}"], got     # the address named, never every address
             return p
         time.sleep(0.05)
     p.kill()
