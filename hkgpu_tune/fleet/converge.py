@@ -191,6 +191,7 @@ def converge(sections: dict | None, check: bool, *, profile: str | None = None, 
             if file_diffs:
                 out["diff"] = file_diffs
             if out["failures"] and fail_on_drift:
+                out["failed_check"] = "verify"
                 raise ConvergeFailed(f"verify: {len(out['failures'])} setting(s) failed: {_failure_lines(res)}", out)
             return out
 
@@ -222,6 +223,7 @@ def converge(sections: dict | None, check: bool, *, profile: str | None = None, 
             full = Engine(parse_profile_text(text, profile_path) if text else prof, state_dir=state_dir, backends=eng.b)
             out["persisted"] = do_persist(full, "/", profile_path=profile_path if text else prof.path)
         if out["failures"]:
+            out["failed_check"] = "apply"
             raise ConvergeFailed(f"{len(out['failures'])} setting(s) failed after apply: "
                                  f"{_failure_lines(rep.results)}", out)
         return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ import pytest
 import simrack
 from simrack import REPO, snapshot
 
-from hkgpu_tune.fleet.rack import run_playbook
+from hkgpu_tune.fleet.rack import host_line, run_playbook
 from tests.helpers import run_testinfra
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
@@ -89,6 +90,7 @@ def test_canary_that_fails_verify_after_apply_stops_the_roll_out(rack):
     msg = run.hosts[first].msg
     assert msg.startswith("verify: 1 setting(s) failed") and f"{key}: drift: current {local}, desired 15" in msg, msg
     assert [(f["key"], f["status"]) for f in run.hosts[first].failures] == [(key, "drift")]
+    assert host_line(run.hosts[first]).endswith(f": verify: sysctl host {key}: {local} != 15")
     assert snapshot(first)[key] == local                 # read with sysctl: the agent did revert it
     # ... and the next batch was never started: no task ran on any other host, nothing changed there
     assert [h for h, _, _ in ran if h != first] == []
@@ -243,9 +245,9 @@ def test_rollback_restores_the_originals(rack):
 def test_canary_that_fails_the_gate_stops_the_roll_out(rack):
     """The canary's Triton service starts, but its latency gate fails: the operator's batching delay
     is 200000 us where 200 us was meant (every request waits 200 ms for a batch, against a p99 SLO
-    of 50 ms; the server's own time misses, not the gate's client). The
-    canary fails naming the gate, its service is rolled back, and no task runs on any other host.
-    Last in the file: it leaves the canary's network applied."""
+    of 50 ms; the server's own time misses, not the gate's client). The canary fails naming the
+    gate, its service is rolled back, and no task runs on any other host. Through `hkgpu-tune rack
+    apply` in a pipe, as in a CI log. Last in the file: it leaves the canary's network applied."""
     pytest.importorskip("pytriton", reason="needs the nvidia-pytriton wheel (its tritonserver)")
     first, rest = rack["hosts"][0], rack["hosts"][1:]
     before = {h: snapshot(h) for h in rest}
@@ -275,26 +277,38 @@ hkgpu_triton_models:
     instance_group: [{{count: 1, kind: KIND_CPU}}]
 hkgpu_triton_gate: {{ready_timeout_s: 120, warmup_requests: 2, load: {{requests: 16, concurrency: 2}}, p99_ms: 50}}
 """)
-    events = []
-    try:
-        run = play(rack, "apply", on_event=events.append)
+    try:   # the command an operator runs, its output in a log (a pipe)
+        cli = subprocess.run([sys.executable, "-m", "hkgpu_tune", "rack", "apply", "--inventory", rack["inventory"]],
+                             capture_output=True, text=True, cwd=REPO, timeout=600)
     finally:
         os.unlink(os.path.join(hv, f"{first}.yml"))
         left = _tritonservers(first)
         for pid in left:                      # started by this test's play: stop them by their id
             os.kill(int(pid), signal.SIGKILL)
-    ran = [(e["event_data"]["host"], e["event_data"].get("task"), e["event"]) for e in events
-           if e.get("event", "").startswith("runner_on_") and "host" in (e.get("event_data") or {})]
-    assert run.rc != 0 and run.failed_hosts == [first], {h: r.msg for h, r in run.hosts.items()}
-    failed = [(h, t) for h, t, k in ran if k == "runner_on_failed"]
-    assert failed == [(first, "Render the model repository and start the Triton service")], failed
-    msg = run.hosts[first].msg
-    assert "triton gate failed: doubler: p99 latency " in msg and "over the SLO of 50 ms" in msg, msg
+    assert cli.returncode == 1, cli.stdout[-3000:] + cli.stderr[-2000:]
+    lines = unwrap(cli.stdout)
+    # a line per host and task as it finished: only the canary's, the last one the failed gate
+    tasks = [ln for ln in lines if ln.startswith(tuple(h + " " for h in rack["hosts"]))]
+    assert tasks and all(ln.startswith(first + " ") for ln in tasks), tasks
+    assert tasks[-1] == f"{first} failed: Render the model repository and start the Triton service", tasks
+    # the canary's line names the gate and what it measured; the run had one host
+    host = next(ln for ln in lines if ln.startswith(first + ": failed "))
+    assert "triton gate failed: doubler: p99 latency " in host and "over the SLO of 50 ms" in host, host
+    assert re.fullmatch(r"site\.yml: 1 host\(s\), 1 failed, \d+\.\d s", lines[-1]), lines[-3:]
     assert left == [], f"the failed gate left tritonserver running: {left}"
-    assert [h for h, _, _ in ran if h != first] == []
     for h in rest:
-        assert h not in run.hosts or (run.hosts[h].ok, run.hosts[h].changed) == (0, 0), h
         assert snapshot(h) == before[h], h
+
+
+def unwrap(text: str) -> list[str]:
+    """Lines as printed before the CLI wrapped them at 80 columns (continuations are indented 4)."""
+    out: list[str] = []
+    for ln in text.splitlines():
+        if ln.startswith("    ") and out:
+            out[-1] += " " + ln.strip()
+        else:
+            out.append(ln)
+    return out
 
 
 def _tritonservers(ns: str) -> list[str]:
