@@ -192,7 +192,8 @@ def converge(sections: dict | None, check: bool, *, profile: str | None = None, 
             if file_diffs:
                 out["diff"] = file_diffs
             if out["failures"] and fail_on_drift:
-                raise ConvergeFailed(f"{len(out['failures'])} setting(s) failed: {_failure_lines(res)}", out)
+                out["failed_check"] = "verify"
+                raise ConvergeFailed(f"verify: {len(out['failures'])} setting(s) failed: {_failure_lines(res)}", out)
             return out
 
         file_changed = text is not None and text != old
@@ -224,6 +225,7 @@ def converge(sections: dict | None, check: bool, *, profile: str | None = None, 
                           host_dir=host_dir)
             out["persisted"] = do_persist(full, "/", profile_path=profile_path if text else prof.path)
         if out["failures"]:
+            out["failed_check"] = "apply"
             raise ConvergeFailed(f"{len(out['failures'])} setting(s) failed after apply: "
                                  f"{_failure_lines(rep.results)}", out)
         return out

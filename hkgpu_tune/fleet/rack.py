@@ -53,6 +53,7 @@ class HostResult:
     failures: list = field(default_factory=list)     # Result.to_dict() of failed settings
     results: list = field(default_factory=list)      # every Result.to_dict() the hkgpu module returned
     diffs: list = field(default_factory=list)        # --check/--diff: {"task", "diff"} (unified diff text)
+    failed_check: str = ""   # verify | apply: the failures are what that read-back found; else msg says
 
     @property
     def is_failed(self) -> bool:
@@ -108,6 +109,7 @@ def handle_event(hosts: dict, ev: dict) -> str | None:
             r.state = "running"
     elif kind == "runner_on_failed" and not data.get("ignore_errors"):
         r.state, r.msg = "failed", str(res.get("msg", ""))[:2000]
+        r.failed_check = str(res.get("failed_check") or "")
     elif kind == "runner_on_unreachable":
         r.state, r.msg = "unreachable", str(res.get("msg", ""))[:500]
     if kind == "runner_on_ok":
@@ -290,9 +292,14 @@ def _progress(hosts):
 
 
 def _what_failed(r: HostResult) -> str:
+    """The check that failed and its settings ("verify: sysctl host KEY: 33 != 15"); the message
+    when something else failed (a gate, a profile error), whatever settings it left behind."""
     from hkgpu_tune.core.report import fmt
-    return "; ".join(f"{f['subsystem']} {f['target']} {f['key']}: {fmt(f.get('current'))} != "
-                     f"{fmt(f.get('desired'))}" for f in r.failures) or r.msg
+    settings = "; ".join(f"{f['subsystem']} {f['target']} {f['key']}: {fmt(f.get('current'))} != "
+                         f"{fmt(f.get('desired'))}" for f in r.failures)
+    if settings and r.failed_check:
+        return f"{r.failed_check}: {settings}"
+    return r.msg or settings
 
 
 def host_line(r: HostResult) -> str:

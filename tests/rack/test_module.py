@@ -64,3 +64,23 @@ def test_events_fold_into_per_host_results():
         "ok": {"n2": 1}, "failures": {"n1": 1}, "changed": {}, "dark": {}, "skipped": {}}})
     assert hosts["n1"].is_failed and hosts["n1"].failures == res and hosts["n1"].msg == "1 setting(s) failed"
     assert hosts["n2"] == HostResult("n2", ok=1, state="ok")
+
+
+def test_host_line_names_the_check_that_failed():
+    """A verify's drift: the check and each setting; a gate that failed: its message, not the settings
+    its rollback left (stopped != running says nothing about why)."""
+    from hkgpu_tune.fleet.rack import host_line
+    drift = [{"subsystem": "sysctl", "target": "host", "key": "net.ipv4.tcp_fin_timeout", "current": "33",
+              "desired": "15", "status": "drift"}]
+    left = [{"subsystem": "triton", "target": "hkgpu-triton", "key": "service", "current": "stopped",
+             "desired": "running", "status": "drift"}]
+    hosts = {}
+    handle_event(hosts, {"event": "runner_on_failed", "event_data": {"host": "n1", "res": {
+        "msg": "verify: 1 setting(s) failed: ...", "results": drift, "failures": drift, "failed_check": "verify"}}})
+    gate = "triton gate failed: resnet50: p99 latency 212.40 ms is over the SLO of 50 ms (rolled back)"
+    handle_event(hosts, {"event": "runner_on_failed", "event_data": {"host": "n2", "res": {
+        "msg": gate, "results": left, "failures": left}}})
+    for r in hosts.values():
+        r.failed = 1
+    assert host_line(hosts["n1"]).endswith(": verify: sysctl host net.ipv4.tcp_fin_timeout: 33 != 15")
+    assert host_line(hosts["n2"]).endswith(": " + gate)

@@ -1,12 +1,15 @@
 """Roles and playbooks on a simulated rack over real SSH (tests/rack/simrack.py).
 
-Order matters: a bad profile first (the rack is still pristine), then converge, re-run,
-testinfra, drift, check mode, rollback.
+Order matters: a bad profile and a canary that does not verify first (the rest of the rack is
+still pristine), then converge, re-run, testinfra, drift, check mode, rollback, and last a canary
+whose Triton gate fails (it leaves the canary converged).
 """
 from __future__ import annotations
 
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 
@@ -15,7 +18,7 @@ import pytest
 import simrack
 from simrack import REPO, snapshot
 
-from hkgpu_tune.fleet.rack import run_playbook
+from hkgpu_tune.fleet.rack import host_line, run_playbook
 from tests.helpers import run_testinfra
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
@@ -36,6 +39,63 @@ def test_bad_profile_fails_in_first_batch_and_leaves_the_rest_untouched(rack):
     for h in rest:   # never reached: the canary batch failed
         assert h not in run.hosts or (run.hosts[h].ok, run.hosts[h].changed) == (0, 0)
     for h in rack["hosts"]:   # and nothing changed anywhere, the canary included
+        assert snapshot(h) == rack["originals"][h], h
+
+
+# Another agent on the host re-applies /etc/sysctl.d, in order, whenever a file there changes
+# (as a path unit running systemd-sysctl would); only per-namespace keys are in the files here.
+SYSCTL_AGENT = """
+sum() { cat /etc/sysctl.d/*.conf 2>/dev/null | cksum; }
+last=$(sum)
+echo ready
+while sleep 0.05; do
+  now=$(sum)
+  [ "$now" = "$last" ] && continue
+  for f in /etc/sysctl.d/*.conf; do sysctl -q -p "$f"; done
+  last=$now
+done
+"""
+LOCAL_CONF = "/etc/sysctl.d/99-local.conf"
+
+
+def test_canary_that_fails_verify_after_apply_stops_the_roll_out(rack):
+    """The canary's apply goes through, then an old local sysctl file that sorts after the tool's
+    60-hkgpu-tune.conf is re-applied by an agent there: the whole-node verify of the canary's batch
+    finds the drift, and the play ends before the next batch touches any other host."""
+    first, rest = rack["hosts"][0], rack["hosts"][1:]
+    key = "net.ipv4.tcp_fin_timeout"
+    local = rack["originals"][first][key]                # the value the operator's old file pins
+    simrack.nsexec(first, "sh", "-c", f"printf '{key} = {local}\\n' > {LOCAL_CONF}")
+    agent = subprocess.Popen(["ip", "netns", "exec", first, "sh", "-c", SYSCTL_AGENT], stdout=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    events = []
+    try:
+        assert agent.stdout.readline() == "ready\n"
+        run = play(rack, "apply", on_event=events.append)
+    finally:
+        os.killpg(agent.pid, signal.SIGTERM)
+        agent.wait(timeout=10)
+        simrack.nsexec(first, "rm", "-f", LOCAL_CONF)
+    ran = [(e["event_data"]["host"], e["event_data"].get("task"), e["event"]) for e in events
+           if e.get("event", "").startswith("runner_on_") and "host" in (e.get("event_data") or {})]
+    # the apply itself went through on the canary (the setting read back right after it) ...
+    assert (first, "Apply the network and kernel settings", "runner_on_ok") in ran, ran
+    applied = next(e["event_data"]["res"] for e in events if e.get("event") == "runner_on_ok"
+                   and e["event_data"].get("task") == "Apply the network and kernel settings")
+    assert applied["changed"] and not applied["failures"], applied
+    # ... the verify of its batch failed, naming the check and the key ...
+    assert run.rc != 0 and run.failed_hosts == [first], {h: r.msg for h, r in run.hosts.items()}
+    failed = [(h, t) for h, t, k in ran if k == "runner_on_failed"]
+    assert failed == [(first, "Verify the whole node after a change")], failed
+    msg = run.hosts[first].msg
+    assert msg.startswith("verify: 1 setting(s) failed") and f"{key}: drift: current {local}, desired 15" in msg, msg
+    assert [(f["key"], f["status"]) for f in run.hosts[first].failures] == [(key, "drift")]
+    assert host_line(run.hosts[first]).endswith(f": verify: sysctl host {key}: {local} != 15")
+    assert snapshot(first)[key] == local                 # read with sysctl: the agent did revert it
+    # ... and the next batch was never started: no task ran on any other host, nothing changed there
+    assert [h for h, _, _ in ran if h != first] == []
+    for h in rest:
+        assert h not in run.hosts or (run.hosts[h].ok, run.hosts[h].changed) == (0, 0), h
         assert snapshot(h) == rack["originals"][h], h
 
 
@@ -112,7 +172,8 @@ def test_check_mode_reports_the_fix_and_changes_nothing(rack):
     simrack.nsexec(host, "sed", "-i", "s/^AccuracySec=.*/AccuracySec=1s/", TIMER)
     simrack.nsexec(host, "rm", TIMER_LINK)
     before = simrack.nsexec(host, "sha1sum", TIMER).stdout
-    run = play(rack, "apply", check=True)
+    # with the verify on every run too: in check mode the roles only plan, so it must not fail the drifted host
+    run = play(rack, "apply", check=True, extra={"hkgpu_verify_always": True})
     assert run.rc == 0, {h: r.msg for h, r in run.hosts.items()}
     # the sysctl, the unit and the link
     assert {h: r.changed for h, r in run.hosts.items()} == {h: 3 if h == host else 0 for h in rack["hosts"]}
@@ -126,7 +187,8 @@ def test_check_mode_reports_the_fix_and_changes_nothing(rack):
     assert snapshot(host)["net.ipv4.tcp_fin_timeout"] == "33"
     assert simrack.nsexec(host, "sha1sum", TIMER).stdout == before
     assert simrack.nsexec(host, "test", "-L", TIMER_LINK, check=False).returncode == 1
-    fixed = play(rack, "apply")
+    fixed = play(rack, "apply", extra={"hkgpu_verify_always": True})
+    assert fixed.rc == 0, {h: r.msg for h, r in fixed.hosts.items()}
     assert fixed.hosts[host].changed == 3 and snapshot(host)["net.ipv4.tcp_fin_timeout"] == "15"
     assert "AccuracySec=10s" in simrack.nsexec(host, "cat", TIMER).stdout
     assert TIMER in simrack.nsexec(host, "readlink", TIMER_LINK).stdout
@@ -178,3 +240,85 @@ def test_rollback_restores_the_originals(rack):
                           "/etc/systemd/system/*.wants/hkgpu-tune-verify.* /etc/hkgpu-tune/export.env 2>/dev/null",
                           check=False).stdout.split()
     assert left == [] and not os.path.lexists(prom), (left, prom)
+
+
+def test_canary_that_fails_the_gate_stops_the_roll_out(rack):
+    """The canary's Triton service starts, but its latency gate fails: the operator's batching delay
+    is 200000 us where 200 us was meant (every request waits 200 ms for a batch, against a p99 SLO
+    of 50 ms; the server's own time misses, not the gate's client). The canary fails naming the
+    gate, its service is rolled back, and no task runs on any other host. Through `hkgpu-tune rack
+    apply` in a pipe, as in a CI log. Last in the file: it leaves the canary's network applied."""
+    pytest.importorskip("pytriton", reason="needs the nvidia-pytriton wheel (its tritonserver)")
+    first, rest = rack["hosts"][0], rack["hosts"][1:]
+    before = {h: snapshot(h) for h in rest}
+    node = os.path.join(rack["dir"], first)
+    model = os.path.join(REPO, "tests", "triton", "data", "doubler.py")
+    hv = os.path.join(os.path.dirname(rack["inventory"]), "host_vars")
+    os.makedirs(hv, exist_ok=True)
+    with open(os.path.join(hv, f"{first}.yml"), "w") as f:
+        f.write(f"""\
+# root by name and no user created: a simulated host shares this machine's /etc/passwd
+hkgpu_triton_user: root
+hkgpu_triton_create_user: false
+hkgpu_triton_gpu: null
+hkgpu_triton_supervisor: process
+hkgpu_triton_model_repository: {node}/triton/models
+hkgpu_triton_run_dir: {node}/triton/run
+hkgpu_triton_metrics: {{port: 8002, address: 127.0.0.1}}
+hkgpu_triton_files: [{{src: {model}, dest: {node}/triton/doubler.py}}]
+hkgpu_triton_models:
+  - name: doubler
+    backend: python
+    model_file: {node}/triton/doubler.py
+    max_batch_size: 16
+    inputs: [{{name: INPUT0, data_type: FP32, dims: [4]}}]
+    outputs: [{{name: OUTPUT0, data_type: FP32, dims: [4]}}]
+    dynamic_batching: {{max_queue_delay_microseconds: 200000}}
+    instance_group: [{{count: 1, kind: KIND_CPU}}]
+hkgpu_triton_gate: {{ready_timeout_s: 120, warmup_requests: 2, load: {{requests: 16, concurrency: 2}}, p99_ms: 50}}
+""")
+    try:   # the command an operator runs, its output in a log (a pipe)
+        cli = subprocess.run([sys.executable, "-m", "hkgpu_tune", "rack", "apply", "--inventory", rack["inventory"]],
+                             capture_output=True, text=True, cwd=REPO, timeout=600)
+    finally:
+        os.unlink(os.path.join(hv, f"{first}.yml"))
+        left = _tritonservers(first)
+        for pid in left:                      # started by this test's play: stop them by their id
+            os.kill(int(pid), signal.SIGKILL)
+    assert cli.returncode == 1, cli.stdout[-3000:] + cli.stderr[-2000:]
+    lines = unwrap(cli.stdout)
+    # a line per host and task as it finished: only the canary's, the last one the failed gate
+    tasks = [ln for ln in lines if ln.startswith(tuple(h + " " for h in rack["hosts"]))]
+    assert tasks and all(ln.startswith(first + " ") for ln in tasks), tasks
+    assert tasks[-1] == f"{first} failed: Render the model repository and start the Triton service", tasks
+    # the canary's line names the gate and what it measured; the run had one host
+    host = next(ln for ln in lines if ln.startswith(first + ": failed "))
+    assert "triton gate failed: doubler: p99 latency " in host and "over the SLO of 50 ms" in host, host
+    assert re.fullmatch(r"site\.yml: 1 host\(s\), 1 failed, \d+\.\d s", lines[-1]), lines[-3:]
+    assert left == [], f"the failed gate left tritonserver running: {left}"
+    for h in rest:
+        assert snapshot(h) == before[h], h
+
+
+def unwrap(text: str) -> list[str]:
+    """Lines as printed before the CLI wrapped them at 80 columns (continuations are indented 4)."""
+    out: list[str] = []
+    for ln in text.splitlines():
+        if ln.startswith("    ") and out:
+            out[-1] += " " + ln.strip()
+        else:
+            out.append(ln)
+    return out
+
+
+def _tritonservers(ns: str) -> list[str]:
+    """Ids of the tritonserver processes in a simulated host's namespace (read with ip and /proc)."""
+    out = []
+    for pid in simrack.sh("ip", "netns", "pids", ns, check=False).stdout.split():
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                if f.read().strip() == "tritonserver":
+                    out.append(pid)
+        except OSError:
+            pass
+    return out

@@ -86,6 +86,7 @@ RETURN = r"""
 results: {description: "Result.to_dict() of every setting after the run", type: list, returned: always}
 failures: {description: the results that failed (drift, error, required unsupported), type: list, returned: always}
 changes: {description: the changes planned (check mode) or applied, type: list, returned: state=applied}
+failed_check: {description: "verify or apply: which read-back found the failures (absent when something else failed)", type: str, returned: on failure}
 """
 
 from ansible.module_utils.basic import AnsibleModule
