@@ -39,6 +39,9 @@ class Plugin(Subsystem):
         state = {"repository": render.repository_state(t, self.b), "service": launch.status(t, self.b),
                  "engines": {m.name: engine_facts(m) for m in t.models if m.engine},
                  "ref": self._ref()}
+        if t.mig:   # the MIG device it names must exist here (a layout lost at reboot is not ok)
+            from hkgpu_tune.serve.devices import mig_check
+            state["mig"] = mig_check(self.b, t.mig)
         if state["ref"]["supervisor"] == "systemd":
             unit = launch.unit_state(t, self.b)
             state["unit"] = {k: v for k, v in unit.items() if k != "text"}
@@ -83,6 +86,10 @@ class Plugin(Subsystem):
         from hkgpu_tune.serve import redeploy, render
         t, res = self.t, []
         ref = state.get("ref") or self._ref()
+        if "mig" in state:
+            status, current, why = state["mig"]
+            res.append(self.result(t.mig, "mig_device", current or None, "present",
+                                   {"ok": OK, "drift": DRIFT}.get(status, UNSUPPORTED), why))
         for name, e in state.get("engines", {}).items():
             res.append(self.result(name, "engine", e["engine"], e["engine"], UNSUPPORTED if e.get("missing") else OK,
                                    e.get("missing") or ", ".join(x for x in (e.get("detail"), e["why"]) if x)))
