@@ -63,7 +63,7 @@ class Plugin(Subsystem):
                         entry["config_error"] = str(e)
                     state["models"][m.name] = entry
             state["metrics"] = client.metrics_answer(t.metrics.host, t.metrics.port)
-            if t.mps is not None and t.gpu is not None:
+            if t.mps is not None and (t.gpu is not None or t.mig):
                 state["mps"] = self._mps_clients(t)
         return state
 
@@ -73,12 +73,14 @@ class Plugin(Subsystem):
 
     def _mps_clients(self, t) -> dict:
         """Triton's processes against NVML's MPS client list of its GPU."""
-        from hkgpu_tune.serve import launch
+        from hkgpu_tune.serve import forms, launch
         pids = launch.server_pids(t, self.b)
+        gpu = t.gpu
         try:
-            procs = self.b.nvml.processes(t.gpu)
+            gpu = gpu if gpu is not None else forms.parent_gpu(self.b, t.mig)   # a MIG device's GPU
+            procs = self.b.nvml.processes(gpu)
         except HkError as e:
-            return {"unsupported": f"cannot list GPU {t.gpu}'s processes: {e}"}
+            return {"unsupported": f"cannot list GPU {gpu if gpu is not None else t.mig}'s processes: {e}"}
         return {"pids": pids, "mps": sorted(set(pids) & set(procs["mps"])),
                 "own": sorted(set(pids) & set(procs["compute"]) - set(procs["mps"]))}
 
@@ -160,7 +162,7 @@ class Plugin(Subsystem):
         return res
 
     def _mps_result(self, t, st: dict):
-        target, want = f"gpu{t.gpu}", "MPS client"
+        target, want = t.mig or f"gpu{t.gpu}", "MPS client"
         if "unsupported" in st:
             return self.result(target, "mps_client", None, want, UNSUPPORTED, st["unsupported"])
         if st["mps"]:
@@ -172,7 +174,7 @@ class Plugin(Subsystem):
                                f"MPS (is the MPS daemon running with pipe directory {t.mps.pipe_dir}?)")
         return self.result(target, "mps_client", "no context", want, DRIFT,
                            f"no Triton process (pids {', '.join(map(str, st['pids'])) or 'none'}) is an MPS client "
-                           f"of GPU {t.gpu}")
+                           f"of GPU {t.mig or t.gpu}")
 
     # ------------------------------------------------------------ apply
     def write(self, target, key, value, data):

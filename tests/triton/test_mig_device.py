@@ -146,3 +146,48 @@ def test_verify_names_a_missing_mig_device_as_drift_never_ok(tmp_path):
     [r] = mig_result(MIG_B, Backends(nvml=ReplayNvml.missing("NVML library not found")))
     assert r.status == "unsupported" and "NVML library not found" in r.reason
     assert mig_result(1, a30_host()) == []
+
+
+def test_an_mps_client_on_a_mig_device_keeps_its_uuid(tmp_path):
+    """NVIDIA's MPS guide: a UUID in CUDA_VISIBLE_DEVICES means the same device to the daemon and its
+    clients (indices are renumbered among the daemon's); the daemon must serve that MIG device."""
+    from hkgpu_tune.serve.config import section
+    doc = profile_dict(tmp_path, (18000, 18001, 18002))
+    doc["triton"].update(gpu=MIG_A, launch="binary")
+    doc["mps"] = {"pipe_dir": f"{tmp_path}/pipe", "log_dir": f"{tmp_path}/log", "gpus": [MIG_A]}
+    f = tmp_path / "mps.yaml"
+    f.write_text(dump(doc))
+    t = section(parse_profile_text(f.read_text(), str(f)))
+    env = launch.server_env(t)
+    assert env["CUDA_VISIBLE_DEVICES"] == MIG_A and env["CUDA_MPS_PIPE_DIRECTORY"] == f"{tmp_path}/pipe"
+    for gpus, msg in (([MIG_B], f"GPU {MIG_A} is not one the MPS daemon serves"),
+                      ([0], f"GPU {MIG_A} is not one the MPS daemon serves"),
+                      (None, "an MPS daemon serves a MIG device named in mps.gpus")):
+        if gpus is None:
+            doc["mps"].pop("gpus")
+        else:
+            doc["mps"]["gpus"] = gpus
+        f.write_text(dump(doc))
+        with pytest.raises(HkError, match=msg):
+            section(parse_profile_text(f.read_text(), str(f)))
+
+
+def test_the_mps_client_check_reads_the_parent_gpus_processes(tmp_path, monkeypatch):
+    from hkgpu_tune.serve import launch as launch_mod
+    from hkgpu_tune.subsystems.triton import Plugin
+    doc = profile_dict(tmp_path, (18000, 18001, 18002))
+    doc["triton"].update(gpu=MIG_B)
+    doc["mps"] = {"pipe_dir": f"{tmp_path}/pipe", "log_dir": f"{tmp_path}/log", "gpus": [MIG_B]}
+    f = tmp_path / "mps.yaml"
+    f.write_text(dump(doc))
+    b = a30_host()
+    b.nvml.facts["gpus"][1]["processes"] = {"compute": [4242], "mps": [4242]}    # GPU 1: the parent
+    monkeypatch.setattr(launch_mod, "server_pids", lambda t, backends=None: [4242])
+    plug = Plugin(parse_profile_text(f.read_text(), str(f)), b)
+    st = plug._mps_clients(plug.t)
+    assert st["mps"] == [4242], st
+    r = plug._mps_result(plug.t, st)
+    assert (r.target, r.status) == (MIG_B, "ok")
+    b.nvml.facts["gpus"][1]["processes"] = {"compute": [4242], "mps": []}
+    r = plug._mps_result(plug.t, plug._mps_clients(plug.t))
+    assert (r.target, r.status, r.current) == (MIG_B, "drift", "own context")
