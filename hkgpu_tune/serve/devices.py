@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import re
 
+from hkgpu_tune.backends.mig import find as find_mig  # noqa: F401 (callers use devices.find_mig)
+
 MIG_RE = r"MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 MIG_WHAT = "a GPU index or a MIG device UUID (MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, as nvidia-smi -L prints it)"
 
@@ -71,26 +73,13 @@ def remap_gpus(config: dict, nodes: dict, visible, item) -> None:
         group["gpus"] = mapped
 
 
-def find_mig(backends, uuid: str) -> dict | None:
-    """The MIG device with this UUID, read through NVML: backends/mig.py's device entry plus
-    "gpu" (the parent's NVML index) and "gpu_name"; None where no GPU of this host has it.
-    Raises HkError (UnsupportedError) where NVML cannot be read."""
-    nvml = backends.nvml
-    for i in range(nvml.count()):
-        st = nvml.mig(i)
-        for d in st.get("devices") or []:
-            if d.get("uuid") == uuid:
-                return {**d, "gpu": i, "gpu_name": nvml.gpu(i, ("name",)).get("name") or "unknown"}
-    return None
-
-
-def mig_check(backends, uuid: str) -> tuple[str, str, str]:
+def mig_check(nvml, uuid: str) -> tuple[str, str, str]:
     """(status, current, reason) for a named MIG device: ok where it exists, drift where no GPU
     of this host has it (a MIG layout lost at a GPU reset or reboot), unsupported where NVML
     cannot be read."""
     from hkgpu_tune.core.errors import HkError
     try:
-        d = find_mig(backends, uuid)
+        d = find_mig(nvml, uuid)
     except HkError as e:
         return "unsupported", "", f"cannot read MIG devices through NVML: {e}"
     if d is None:

@@ -168,7 +168,7 @@ def placement(t, backends=None) -> dict:
 def parent_gpu(backends, uuid: str) -> int:
     """The NVML index of the GPU holding MIG device `uuid`; HkError where none here has it."""
     from hkgpu_tune.serve.devices import find_mig
-    d = find_mig(backends, uuid)
+    d = find_mig(backends.nvml, uuid)
     if d is None:
         raise HkError(f"no MIG device {uuid} on this host")
     return d["gpu"]

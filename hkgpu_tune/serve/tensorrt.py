@@ -104,7 +104,7 @@ def gpu_name(backends, index: int | str | None) -> str:
     from hkgpu_tune.serve.devices import find_mig, is_mig
     if is_mig(index):
         try:
-            d = find_mig(backends, index) if backends is not None else None
+            d = find_mig(backends.nvml, index) if backends is not None else None
         except HkError:
             d = None
         return f"{d['gpu_name']} MIG {d['profile']}" if d else "unknown MIG device"

@@ -210,7 +210,7 @@ class Plugin(Subsystem):
         try:
             if self.mig:   # the parent GPU's compute mode
                 from hkgpu_tune.serve.devices import find_mig
-                d = find_mig(self.b, self.mig)
+                d = find_mig(self.b.nvml, self.mig)
                 idx = [d["gpu"]] if d else []
             else:
                 idx, _ = select(self.b.nvml, self.cfg.gpus)
@@ -226,7 +226,7 @@ class Plugin(Subsystem):
         st["gpus"] = list(gpus) if gpus is not None else None
         if self.mig and self.cfg.enabled:
             from hkgpu_tune.serve.devices import mig_check
-            st["mig"] = mig_check(self.b, self.mig)
+            st["mig"] = mig_check(self.b.nvml, self.mig)
         sd = self.b.systemd
         st["systemd"] = sd.available()
         if st["systemd"]:

@@ -41,7 +41,7 @@ class Plugin(Subsystem):
                  "ref": self._ref()}
         if t.mig:   # the MIG device it names must exist here (a layout lost at reboot is not ok)
             from hkgpu_tune.serve.devices import mig_check
-            state["mig"] = mig_check(self.b, t.mig)
+            state["mig"] = mig_check(self.b.nvml, t.mig)
         if state["ref"]["supervisor"] == "systemd":
             unit = launch.unit_state(t, self.b)
             state["unit"] = {k: v for k, v in unit.items() if k != "text"}

@@ -191,3 +191,12 @@ def test_the_mps_client_check_reads_the_parent_gpus_processes(tmp_path, monkeypa
     b.nvml.facts["gpus"][1]["processes"] = {"compute": [4242], "mps": []}
     r = plug._mps_result(plug.t, plug._mps_clients(plug.t))
     assert (r.target, r.status, r.current) == (MIG_B, "drift", "own context")
+
+
+def test_health_names_the_triton_services_mig_device(tmp_path):
+    from hkgpu_tune.observe import health
+    f = write(tmp_path, MIG_B)
+    p = parse_profile_text(open(f).read(), f)
+    assert health.named_mig(p) == [MIG_B]
+    r = health.check(p, nvml=a30_host().nvml, kmsg_events=[])
+    assert [(c.target, c.status) for c in r.checks if c.name == "mig_device"] == [(MIG_B, "ok")]
