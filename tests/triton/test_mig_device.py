@@ -200,3 +200,14 @@ def test_health_names_the_triton_services_mig_device(tmp_path):
     assert health.named_mig(p) == [MIG_B]
     r = health.check(p, nvml=a30_host().nvml, kmsg_events=[])
     assert [(c.target, c.status) for c in r.checks if c.name == "mig_device"] == [(MIG_B, "ok")]
+
+
+def test_the_cli_prints_the_mig_device_in_the_command(tmp_path):
+    """`hkgpu-tune triton command` as a user runs it (a host without NVML: placement falls back to
+    every CPU and says why, the device form does not depend on it)."""
+    f = write(tmp_path, MIG_A, launch="container", image="tritonserver:24.08-py3")
+    p = subprocess.run([sys.executable, "-m", "hkgpu_tune", "triton", "command", "-p", f, "--json"],
+                       capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout)["argv"]
+    assert got[:7] == ["docker", "run", "--rm", "--name", "triton-svc", "--gpus", f"device={MIG_A}"]
