@@ -116,6 +116,17 @@ def state(nv, h) -> dict:
     return {"mode": m, "profiles": profs, "layout": layout, "devices": devices(layout)}
 
 
+def find(nvml, uuid: str) -> dict | None:
+    """The MIG device with this UUID on this host, through the nvml backend (Nvml or ReplayNvml):
+    devices()' entry plus "gpu" (the parent's NVML index) and "gpu_name"; None where no GPU has it.
+    Raises HkError (UnsupportedError) where NVML cannot be read."""
+    for i in range(nvml.count()):
+        for d in nvml.mig(i).get("devices") or []:
+            if d.get("uuid") == uuid:
+                return {**d, "gpu": i, "gpu_name": nvml.gpu(i, ("name",)).get("name") or "unknown"}
+    return None
+
+
 # ---------------------------------------------------------------- writes
 def set_mode(nv, h, on: bool) -> int:
     """nvmlDeviceSetMigMode; the activation status (SUCCESS, RESET_REQUIRED, IN_USE, ...)."""

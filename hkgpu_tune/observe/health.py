@@ -34,7 +34,7 @@ STATUS_VALUE = {HEALTHY: 0, DEGRADED: 1, ERROR: 2}          # hkgpu_tune_health_
 OK, FAILING, SKIPPED, CHECK_ERROR = "ok", "failing", "skipped", "error"
 
 CHECKS = ("gpu_count", "gpu_lost", "ecc_uncorrected", "remapped_rows", "retired_pages_pending", "xid",
-          "temperature", "pcie_width", "pcie_gen", "nic_errors", "verify")
+          "temperature", "pcie_width", "pcie_gen", "nic_errors", "verify", "mig_device")
 
 STATE_FILE = "health.json"
 STATE_MAX = 1 << 20
@@ -215,6 +215,35 @@ def _nic_checks(cfg: HealthConfig, counters: dict | None, err: str | None, prev:
     return out, now
 
 
+def named_mig(profile) -> list[str]:
+    """The MIG device UUIDs the profile names (triton.gpu, mps.gpus), in that order."""
+    from hkgpu_tune.serve.devices import is_mig
+    out: list[str] = []
+    for name in ("triton", "mps") if profile is not None else ():
+        for g in getattr(profile.section(name), "gpus", None) or ():
+            if is_mig(g) and g not in out:
+                out.append(g)
+    return out
+
+
+def _mig_checks(profile, nvml) -> list[Check]:
+    """Each MIG device the profile names still exists: MIG devices do not survive a GPU reset or a
+    reboot unless re-created, and a service named on a lost one cannot start."""
+    from hkgpu_tune.serve.devices import mig_check
+    uuids = named_mig(profile)
+    if not uuids:
+        return []
+    if nvml is None:
+        from hkgpu_tune.observe.collect.gpu import _nvml
+        nvml = _nvml(None)
+    out = []
+    for u in uuids:
+        status, cur, why = mig_check(nvml, u)
+        out.append(Check("mig_device", u, {"ok": OK, "drift": FAILING}.get(status, CHECK_ERROR), cur or None,
+                         "present", why))
+    return out
+
+
 def _verify_checks(profile, res=None) -> list[Check]:
     if res is None:
         from hkgpu_tune.tune.engine import Engine
@@ -281,6 +310,7 @@ def check(profile, cfg: HealthConfig | None = None, *, nvml=None, gpus=None, gpu
     else:
         events, err = kmsg_events, None
     checks += _xid_checks(cfg, events, err)
+    checks += _mig_checks(profile, nvml)
     nic_now: dict = {}
     if cfg.nic_devices and (nic_prev is not None or nic_counters is not None):
         if nic_counters is None:
@@ -468,15 +498,21 @@ def _transition(rep: Report, cfg: HealthConfig, doc: dict, directory: str, now: 
 
 # ---------------------------------------------------------------- export
 def to_families(rep: Report) -> list:
-    """hkgpu_tune_health_status (0 healthy, 1 degraded, 2 error) and hkgpu_tune_health_check{check}
-    (1 failing, per check kind over all GPUs and devices) as collect.Family objects."""
+    """hkgpu_tune_health_status (0 healthy, 1 degraded, 2 error), hkgpu_tune_health_check{check}
+    (1 failing, per check kind over all GPUs and devices) and hkgpu_tune_mig_device_present{uuid}
+    (1 present, 0 missing or unreadable, per MIG device the profile names) as collect.Family objects."""
     from hkgpu_tune.observe.collect import Family
     by: dict[str, float] = {}
     for c in rep.checks:
         by[c.name] = max(by.get(c.name, 0.0), 1.0 if c.status == FAILING else 0.0)
-    return [
+    out = [
         Family("hkgpu_tune_health_status", "gauge", "Node health: 0 healthy, 1 degraded, 2 error.",
                [({}, float(STATUS_VALUE[rep.status]))]),
         Family("hkgpu_tune_health_check", "gauge", "One health check: 1 failing, 0 not failing.",
                [({"check": k}, v) for k, v in sorted(by.items())]),
     ]
+    mig = [({"uuid": c.target}, 1.0 if c.status == OK else 0.0) for c in rep.checks if c.name == "mig_device"]
+    if mig:
+        out.append(Family("hkgpu_tune_mig_device_present", "gauge",
+                          "A MIG device the profile names: 1 present on this host, 0 missing or unreadable.", mig))
+    return out

@@ -27,6 +27,7 @@ import shutil
 from dataclasses import dataclass, field, replace
 
 from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.serve.devices import gpu_set, is_mig, remap_gpus
 from hkgpu_tune.serve.connections import OPTIONS as CONNECTION_OPTIONS, Connections, parse as parse_connections
 
 NAME_RE = r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}"
@@ -154,7 +155,8 @@ class Triton:
     unit: str = "hkgpu-triton"
     user: str | None = None
     gpu: int | None = 0                    # the first GPU of gpus (placement, MPS, the plan's key)
-    gpus: tuple[int, ...] | None = (0,)    # the GPUs the server sees (None: all), by NVML index
+    gpus: tuple[int | str, ...] | None = (0,)   # the GPUs the server sees (None: all), by NVML index,
+                                               # or one MIG device UUID (serve/devices.py)
     http: Endpoint = Endpoint(8000)
     grpc: Endpoint = Endpoint(8001)
     metrics: Endpoint = Endpoint(8002)
@@ -166,6 +168,11 @@ class Triton:
     profile_dir: str = "."
     line: int = 0
     mps: MpsDirs | None = None             # set by section() when the profile runs MPS
+
+    @property
+    def mig(self) -> str | None:
+        """The MIG device UUID the server sees alone (gpu: MIG-...), else None; gpu is then None."""
+        return self.gpus[0] if self.gpus and is_mig(self.gpus[0]) else None
 
     def model(self, name: str) -> Model:
         for m in self.models:
@@ -335,42 +342,6 @@ def _torch_config(config: dict, b: Build, backend: str) -> dict:
     return out
 
 
-def _gpu_set(n) -> tuple[int, ...] | None:
-    """gpu: 3 | [4, 5] | null (every GPU), as NVML (and nvidia-smi) number them."""
-    import yaml
-    if n.is_null():
-        return None
-    if isinstance(n.node, yaml.SequenceNode):
-        ids = tuple(i.integer(0, 63) for i in n.items())
-        if not ids or len(set(ids)) != len(ids):
-            raise n.error("expected a GPU index or a list of distinct GPU indices")
-        return ids
-    return (n.integer(0, 63),)
-
-
-def _remap_gpus(config: dict, nodes: dict, visible, item) -> None:
-    """instance_group gpus name GPUs as NVML numbers them; the server sees only `visible`
-    (CUDA_VISIBLE_DEVICES, or the container's --gpus), renumbered from 0: the config gets the
-    numbers the server sees. A GPU outside the set is refused at its line."""
-    if visible is None:
-        return
-    for gi, group in enumerate(config.get("instance_group", [])):
-        if "gpus" not in group:
-            continue
-        mapped = []
-        for j, g in enumerate(group["gpus"]):
-            if int(g) not in visible:
-                node = item
-                try:
-                    node = nodes[("instance_group",)].items()[gi].mapping()["gpus"].items()[j]
-                except (KeyError, IndexError, AttributeError):
-                    pass
-                raise node.error(f"GPU {g} is not one this server sees (triton.gpu: "
-                                 f"{list(visible) if len(visible) > 1 else visible[0]})")
-            mapped.append(visible.index(int(g)))
-        group["gpus"] = mapped
-
-
 # Triton data type -> trtexec I/O type (trtexec's help: type ::= "fp32"|"fp16"|"bf16"|"int32"|
 # "int64"|"int8"|"uint8"|"bool"|"fp8"); the format "chw" is linear, for a tensor of any rank
 IO_TYPES = {"TYPE_FP32": "fp32", "TYPE_FP16": "fp16", "TYPE_BF16": "bf16", "TYPE_INT32": "int32",
@@ -423,7 +394,7 @@ def _model(item, base: str, container: bool = False, visible=(0,)) -> Model:
                 raise node.error(f"'{key}' is set twice (also outside config:)")
             config[key] = _plain(node, key)
             nodes[(key,)] = node
-    _remap_gpus(config, nodes, visible, item)
+    remap_gpus(config, nodes, visible, item)
     build = _build(m["build"], base) if "build" in m else None
     engine, why = choose_engine(build, _trtexec(), container) if build else ("", "")
     if engine == "torch":
@@ -502,8 +473,8 @@ def parse_profile(node) -> Triton:
     if "user" in m:
         kw["user"] = m["user"].string(USER_RE, "a user name")
     if "gpu" in m:
-        kw["gpus"] = _gpu_set(m["gpu"])
-        kw["gpu"] = kw["gpus"][0] if kw["gpus"] else None
+        kw["gpus"] = gpu_set(m["gpu"])
+        kw["gpu"] = kw["gpus"][0] if kw["gpus"] and not is_mig(kw["gpus"][0]) else None
     ports = {"http": 8000, "grpc": 8001, "metrics": 8002}
     for key, port in ports.items():
         if key in m:
@@ -548,6 +519,9 @@ def section(profile) -> Triton | None:
     mps = profile.section("mps")
     if t is not None and mps is not None and mps.enabled:
         gpus = tuple(mps.gpus) if mps.gpus is not None else None
+        if t.mig and gpus is None:
+            raise HkError(f"triton.gpu {t.mig}: an MPS daemon serves a MIG device named in mps.gpus "
+                          f"([{t.mig}]), not all GPUs; Triton, its client, sees only those")
         if gpus is not None and t.gpus is not None and not set(t.gpus) <= set(gpus):
             raise HkError(f"triton.gpu {list(t.gpus)}: GPU {min(set(t.gpus) - set(gpus))} is not one the MPS "
                           f"daemon serves (mps.gpus: {list(gpus)}); Triton, its client, sees only those")

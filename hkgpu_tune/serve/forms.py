@@ -103,14 +103,14 @@ def server_env(t) -> dict[str, str]:
 
 def visible_gpus(t, host: bool = False) -> str:
     """The GPUs the server sees, '4,5,6,7' ('' for all); inside, they are 0..n-1 and the rendered
-    configs use those numbers (config._remap_gpus). An MPS client counts among the GPUs its daemon
+    configs use those numbers (devices.remap_gpus). An MPS client counts among the GPUs its daemon
     serves (the daemon's own CUDA_VISIBLE_DEVICES), not among all of the host's; `host`: the host's
-    numbers (a container runtime's --gpus)."""
+    numbers (a container runtime's --gpus). A MIG device is its UUID on both sides ('MIG-...')."""
     gpus = getattr(t, "gpus", None)
     if gpus is None:
         gpus = () if t.gpu is None else (t.gpu,)
     served = getattr(getattr(t, "mps", None), "gpus", None)
-    if served is not None and gpus and not host:
+    if served is not None and gpus and not host and not getattr(t, "mig", None):
         gpus = tuple(served.index(g) for g in gpus)
     return ",".join(str(g) for g in gpus)
 
@@ -147,20 +147,31 @@ def cpu_list(cpus) -> str:
 
 
 def placement(t, backends=None) -> dict:
-    """CPUs and NUMA nodes local to the service's GPU (backends.topology)."""
+    """CPUs and NUMA nodes local to the service's GPU (backends.topology); for a MIG device, its
+    parent GPU's."""
     from hkgpu_tune.backends import topology
-    if t.gpu is not None:
+    if t.gpu is not None or getattr(t, "mig", None):
         if backends is None:
             from hkgpu_tune.backends import Backends
             backends = Backends()
         try:
-            p = dict(topology.service_placement(backends, t.gpu))
+            gpu = t.gpu if t.gpu is not None else parent_gpu(backends, t.mig)
+            p = dict(topology.service_placement(backends, gpu))
             if p.get("cpus"):
                 return p
         except HkError as e:
             return {"cpus": sorted(os.sched_getaffinity(0)), "mems": [], "numa_node": None,
                     "source": f"placement: {e}; all CPUs"}
     return {"cpus": sorted(os.sched_getaffinity(0)), "mems": [], "numa_node": None, "source": "no GPU named; all CPUs"}
+
+
+def parent_gpu(backends, uuid: str) -> int:
+    """The NVML index of the GPU holding MIG device `uuid`; HkError where none here has it."""
+    from hkgpu_tune.serve.devices import find_mig
+    d = find_mig(backends.nvml, uuid)
+    if d is None:
+        raise HkError(f"no MIG device {uuid} on this host")
+    return d["gpu"]
 
 
 # ---------------------------------------------------------------- the three forms

@@ -313,7 +313,7 @@ def write_model(t, model, backends=None) -> list[str]:
             written.append(os.path.join(d, batch_backend.LIBRARY))
     if not model.model_file and model.build:
         from hkgpu_tune.serve import tensorrt
-        if tensorrt.build_plan(model.build, target, model, backends, gpu=t.gpu, t=t).built:
+        if tensorrt.build_plan(model.build, target, model, backends, gpu=getattr(t, "mig", None) or t.gpu, t=t).built:
             written.append(target)
         bad = tensorrt.check_plan(model, target) if model.engine == "tensorrt" else []
         if bad:   # Triton's TensorRT backend would refuse it: not loaded

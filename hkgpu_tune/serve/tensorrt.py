@@ -98,7 +98,16 @@ def cannot_build(t) -> str | None:
     return None if trtexec_path() else TRTEXEC_MISSING
 
 
-def gpu_name(backends, index: int | None) -> str:
+def gpu_name(backends, index: int | str | None) -> str:
+    """The GPU a plan is built for, by name; a MIG device (index 'MIG-...') adds its profile, since a
+    plan built on a 1g slice is not valid on a 3g one."""
+    from hkgpu_tune.serve.devices import find_mig, is_mig
+    if is_mig(index):
+        try:
+            d = find_mig(backends.nvml, index) if backends is not None else None
+        except HkError:
+            d = None
+        return f"{d['gpu_name']} MIG {d['profile']}" if d else "unknown MIG device"
     if backends is None or index is None:
         return "unknown"
     try:
@@ -242,7 +251,7 @@ def plan_status(t, model, backends=None, cmd: Command | None = None) -> list[str
     from hkgpu_tune.serve.config import model_filename
     plan = os.path.join(t.model_repository, model.name, str(model.version), model_filename(model))
     run = runner(t, model.build, plan, cmd)
-    gpu = t.gpu
+    gpu = getattr(t, "mig", None) or t.gpu
     key = cache_key(model.build, model, trtexec_args(model.build, plan, model), gpu_name(backends, gpu),
                     run.version, driver_version(backends))
     why = stale(plan, key)
@@ -254,7 +263,7 @@ def plan_status(t, model, backends=None, cmd: Command | None = None) -> list[str
     return out
 
 
-def build_plan(build, plan: str, model, backends=None, cmd: Command | None = None, gpu: int | None = 0,
+def build_plan(build, plan: str, model, backends=None, cmd: Command | None = None, gpu: int | str | None = 0,
                force: bool = False, t=None) -> BuildResult:
     """Build `plan` from build.onnx unless the key beside it matches. Raises UnsupportedError without
     trtexec, ApplyError when trtexec fails or the plan's bindings do not match the config."""
@@ -295,7 +304,7 @@ def build_model(t, model, backends=None, force: bool = False) -> BuildResult:
     from hkgpu_tune.serve.config import model_filename
     plan = os.path.join(t.model_repository, model.name, str(model.version), model_filename(model))
     try:
-        return build_plan(model.build, plan, model, backends, gpu=t.gpu, force=force, t=t)
+        return build_plan(model.build, plan, model, backends, gpu=getattr(t, "mig", None) or t.gpu, force=force, t=t)
     except UnsupportedError as e:
         return BuildResult(model.name, plan, False, "", skipped=str(e).split(": ", 1)[-1])
 

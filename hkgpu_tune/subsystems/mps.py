@@ -6,7 +6,7 @@ Profile section:
       enabled: true
       pipe_dir: /run/nvidia-mps          # CUDA_MPS_PIPE_DIRECTORY
       log_dir: /var/log/nvidia-mps       # CUDA_MPS_LOG_DIRECTORY
-      gpus: all                          # or [0, 1]
+      gpus: all                          # or [0, 1], or one MIG device: [MIG-<uuid>]
       default_active_thread_percentage: 50
       default_pinned_mem_limit: "0=16G,1=16G"
       user: root
@@ -45,7 +45,7 @@ class MpsProfile:
     enabled: bool = True
     pipe_dir: str = "/run/nvidia-mps"
     log_dir: str = "/var/log/nvidia-mps"
-    gpus: tuple[int, ...] | None = None
+    gpus: tuple[int | str, ...] | None = None   # GPU indices, or one MIG device UUID
     default_active_thread_percentage: int | None = None
     default_pinned_mem_limit: tuple[tuple[int, str], ...] = ()
     user: str = "root"
@@ -60,6 +60,20 @@ def _abs_dir(n):
         raise n.error(f"{v!r} is not under one of {', '.join(SAFE_DIR_ROOTS)} (MPS directories stay in "
                       "places meant for a service's runtime, log or state files)")
     return v
+
+
+def _parse_gpus(n) -> tuple[int | str, ...] | None:
+    """`all`, a list of GPU indices, or one MIG device by its UUID ([MIG-...]): NVIDIA's MIG user guide
+    runs one MPS control daemon per MIG device, with CUDA_VISIBLE_DEVICES set to it."""
+    import yaml
+    from hkgpu_tune.serve.devices import MIG_RE
+    items = n.items() if isinstance(n.node, yaml.SequenceNode) else [n]
+    if any(isinstance(i.node, yaml.ScalarNode) and str(i.node.value).startswith("MIG-") for i in items):
+        if len(items) != 1:
+            raise n.error("one MIG device per MPS daemon (gpus: [MIG-...]): NVIDIA's MIG user guide runs a "
+                          "control daemon per MIG device")
+        return (items[0].string(MIG_RE, "a MIG device UUID (MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"),)
+    return parse_gpus(n)
 
 
 def parse_profile(n) -> MpsProfile:
@@ -77,7 +91,7 @@ def parse_profile(n) -> MpsProfile:
         raise where.error(f"pipe_dir {pipe} and log_dir {log} must be separate directories, neither inside "
                           "the other (they get different modes)")
     if "gpus" in m:
-        kw["gpus"] = parse_gpus(m["gpus"])
+        kw["gpus"] = _parse_gpus(m["gpus"])
     if "default_active_thread_percentage" in m:
         kw["default_active_thread_percentage"] = m["default_active_thread_percentage"].integer(1, 100)
     if "default_pinned_mem_limit" in m:
@@ -185,10 +199,21 @@ class Plugin(Subsystem):
             m = self.b.__dict__["mps"] = MpsControl(self.b.cmd)
         return m
 
+    @property
+    def mig(self) -> str | None:
+        from hkgpu_tune.serve.devices import is_mig
+        g = self.cfg.gpus
+        return g[0] if g and is_mig(g[0]) else None
+
     def _gpus(self):
         """Indices MPS serves (None = all) and the compute modes of those GPUs, or a reason."""
         try:
-            idx, _ = select(self.b.nvml, self.cfg.gpus)
+            if self.mig:   # the parent GPU's compute mode
+                from hkgpu_tune.serve.devices import find_mig
+                d = find_mig(self.b.nvml, self.mig)
+                idx = [d["gpu"]] if d else []
+            else:
+                idx, _ = select(self.b.nvml, self.cfg.gpus)
             modes = {i: self.b.nvml.gpu(i, ("compute_mode",))["compute_mode"] for i in idx}
             return idx, modes, ""
         except UnsupportedError as e:
@@ -199,6 +224,9 @@ class Plugin(Subsystem):
         st = {"binary": self.mps.binary(), "dirs": {k: dir_state(getattr(c, k)) for k in DIR_MODES}}
         gpus, st["compute_modes"], st["nvml"] = self._gpus()
         st["gpus"] = list(gpus) if gpus is not None else None
+        if self.mig and self.cfg.enabled:
+            from hkgpu_tune.serve.devices import mig_check
+            st["mig"] = mig_check(self.b.nvml, self.mig)
         sd = self.b.systemd
         st["systemd"] = sd.available()
         if st["systemd"]:
@@ -268,6 +296,10 @@ class Plugin(Subsystem):
             res.append(self.result(f"mps dev{d}", "default_pinned_mem_limit", cur, size,
                                    OK if same else DRIFT, "" if same else "differs" + down,
                                    write=None if same else size, data={"device": d}))
+        if "mig" in st:
+            status, current, why = st["mig"]
+            res.append(self.result(self.mig, "mig_device", current or None, "present",
+                                   {"ok": OK, "drift": DRIFT}.get(status, UNSUPPORTED), why))
         # MPS needs compute mode default or exclusive_process on the GPUs it serves
         if st["nvml"]:
             res.append(self.result("mps", "compute_mode", None, "default|exclusive_process", UNSUPPORTED, st["nvml"]))

@@ -39,6 +39,9 @@ class Plugin(Subsystem):
         state = {"repository": render.repository_state(t, self.b), "service": launch.status(t, self.b),
                  "engines": {m.name: engine_facts(m) for m in t.models if m.engine},
                  "ref": self._ref()}
+        if t.mig:   # the MIG device it names must exist here (a layout lost at reboot is not ok)
+            from hkgpu_tune.serve.devices import mig_check
+            state["mig"] = mig_check(self.b.nvml, t.mig)
         if state["ref"]["supervisor"] == "systemd":
             unit = launch.unit_state(t, self.b)
             state["unit"] = {k: v for k, v in unit.items() if k != "text"}
@@ -60,7 +63,7 @@ class Plugin(Subsystem):
                         entry["config_error"] = str(e)
                     state["models"][m.name] = entry
             state["metrics"] = client.metrics_answer(t.metrics.host, t.metrics.port)
-            if t.mps is not None and t.gpu is not None:
+            if t.mps is not None and (t.gpu is not None or t.mig):
                 state["mps"] = self._mps_clients(t)
         return state
 
@@ -70,12 +73,14 @@ class Plugin(Subsystem):
 
     def _mps_clients(self, t) -> dict:
         """Triton's processes against NVML's MPS client list of its GPU."""
-        from hkgpu_tune.serve import launch
+        from hkgpu_tune.serve import forms, launch
         pids = launch.server_pids(t, self.b)
+        gpu = t.gpu
         try:
-            procs = self.b.nvml.processes(t.gpu)
+            gpu = gpu if gpu is not None else forms.parent_gpu(self.b, t.mig)   # a MIG device's GPU
+            procs = self.b.nvml.processes(gpu)
         except HkError as e:
-            return {"unsupported": f"cannot list GPU {t.gpu}'s processes: {e}"}
+            return {"unsupported": f"cannot list GPU {gpu if gpu is not None else t.mig}'s processes: {e}"}
         return {"pids": pids, "mps": sorted(set(pids) & set(procs["mps"])),
                 "own": sorted(set(pids) & set(procs["compute"]) - set(procs["mps"]))}
 
@@ -83,6 +88,10 @@ class Plugin(Subsystem):
         from hkgpu_tune.serve import redeploy, render
         t, res = self.t, []
         ref = state.get("ref") or self._ref()
+        if "mig" in state:
+            status, current, why = state["mig"]
+            res.append(self.result(t.mig, "mig_device", current or None, "present",
+                                   {"ok": OK, "drift": DRIFT}.get(status, UNSUPPORTED), why))
         for name, e in state.get("engines", {}).items():
             res.append(self.result(name, "engine", e["engine"], e["engine"], UNSUPPORTED if e.get("missing") else OK,
                                    e.get("missing") or ", ".join(x for x in (e.get("detail"), e["why"]) if x)))
@@ -153,7 +162,7 @@ class Plugin(Subsystem):
         return res
 
     def _mps_result(self, t, st: dict):
-        target, want = f"gpu{t.gpu}", "MPS client"
+        target, want = t.mig or f"gpu{t.gpu}", "MPS client"
         if "unsupported" in st:
             return self.result(target, "mps_client", None, want, UNSUPPORTED, st["unsupported"])
         if st["mps"]:
@@ -165,7 +174,7 @@ class Plugin(Subsystem):
                                f"MPS (is the MPS daemon running with pipe directory {t.mps.pipe_dir}?)")
         return self.result(target, "mps_client", "no context", want, DRIFT,
                            f"no Triton process (pids {', '.join(map(str, st['pids'])) or 'none'}) is an MPS client "
-                           f"of GPU {t.gpu}")
+                           f"of GPU {t.mig or t.gpu}")
 
     # ------------------------------------------------------------ apply
     def write(self, target, key, value, data):

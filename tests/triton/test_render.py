@@ -197,7 +197,8 @@ def test_parsing_imports_no_service_code_and_plan_checks_the_schema(tmp_path):
     code = ("import sys\nfrom hkgpu_tune.core.profile import load_profile\n"
             f"t = load_profile({str(f)!r}).section('triton')\n"
             "print(sorted(m for m in sys.modules if m.startswith(('hkgpu_tune.serve', 'tritonclient', 'google.protobuf'))"
-        " and m not in ('hkgpu_tune.serve', 'hkgpu_tune.serve.config', 'hkgpu_tune.serve.connections')))")
+        " and m not in ('hkgpu_tune.serve', 'hkgpu_tune.serve.config', 'hkgpu_tune.serve.connections',"
+        " 'hkgpu_tune.serve.devices')))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
