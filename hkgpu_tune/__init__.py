@@ -4,11 +4,10 @@
 >>> eng = Engine(load_profile("hk-inference"), only=["sysctl"])   # doctest: +SKIP
 >>> [r.status for r in eng.verify()]                               # doctest: +SKIP
 """
-from hkgpu_tune.core.version import __version__  # noqa: E402,F401
-
-# everything else loads on first use: `import hkgpu_tune` (and the command's start, where a SIGINT
+# everything (the version too) loads on first use: `import hkgpu_tune` (and the command's start, where a SIGINT
 # must find hkgpu_tune.__main__'s handler in place) stays light
-_LAZY = {"Engine": "hkgpu_tune.tune.engine", "ApplyError": "hkgpu_tune.core.errors",
+_LAZY = {"__version__": "hkgpu_tune.core.version",
+         "Engine": "hkgpu_tune.tune.engine", "ApplyError": "hkgpu_tune.core.errors",
          "HkError": "hkgpu_tune.core.errors", "ProfileError": "hkgpu_tune.core.errors",
          "StateError": "hkgpu_tune.core.errors", "UnsupportedError": "hkgpu_tune.core.errors",
          "Profile": "hkgpu_tune.core.profile", "load_profile": "hkgpu_tune.core.profile",

@@ -1,7 +1,9 @@
 """`python -m hkgpu_tune` and the hkgpu-tune command. A SIGINT while the modules load (before the
-command's own handling starts) ends the run quietly with 130, as one during the run does."""
+command's own handling starts) ends the run quietly with 130, as one during the run does. The
+handler is set when this module is imported (the console script imports it first), through the C
+module _signal: `import signal` builds its enums first, a window of milliseconds."""
+import _signal
 import os
-import signal
 
 
 def _interrupted(signum, frame):
@@ -9,11 +11,13 @@ def _interrupted(signum, frame):
     os._exit(130)
 
 
+_signal.signal(_signal.SIGINT, _interrupted)
+
+
 def run() -> None:
-    signal.signal(signal.SIGINT, _interrupted)
+    _signal.signal(_signal.SIGINT, _interrupted)
     from hkgpu_tune.cli import main
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    main()
+    main()        # it puts the default handler back inside its own handling
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import signal
 import sys
 
 from hkgpu_tune.core.version import __version__
@@ -122,6 +123,9 @@ def _one_line(e: BaseException) -> str:
 def main(argv=None) -> None:
     out = stdio.install()
     try:
+        # from here a SIGINT is the KeyboardInterrupt caught below (until now, the command's
+        # start-up handler in __main__ ended the run with the same line)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         code = run(argv)
     except HkError as e:
         print(f"hkgpu-tune: error: {_one_line(e)}", file=sys.stderr)
