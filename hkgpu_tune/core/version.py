@@ -1,2 +1,2 @@
 """The package version, at the bottom of the layers (the report envelope and the exporter read it)."""
-__version__ = "0.1.0"
+__version__ = "0.2.0"
