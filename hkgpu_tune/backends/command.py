@@ -6,6 +6,7 @@ import subprocess
 from dataclasses import dataclass
 
 from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.core.fsutil import program_refusal
 
 
 @dataclass
@@ -24,6 +25,9 @@ class Command:
         exe = self.which(argv[0])
         if exe is None:
             raise HkError(f"{argv[0]}: program not found")
+        refused = program_refusal(exe)
+        if refused:
+            raise HkError(refused)
         try:
             p = subprocess.run([exe, *argv[1:]], capture_output=True, text=True, timeout=timeout, env=env)
         except subprocess.TimeoutExpired:

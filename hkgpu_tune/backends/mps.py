@@ -17,6 +17,7 @@ import time
 
 from hkgpu_tune.core.errors import ApplyError, HkError, UnsupportedError
 from hkgpu_tune.backends.command import Command
+from hkgpu_tune.core.fsutil import program_refusal
 
 CONTROL = "nvidia-cuda-mps-control"
 
@@ -170,6 +171,9 @@ class MpsControl:
         exe = self.binary()
         if exe is None:
             raise UnsupportedError(f"{CONTROL} not found (NVIDIA driver utilities not installed)")
+        refused = program_refusal(exe)
+        if refused:
+            raise HkError(refused)
         return exe
 
     def send(self, pipe_dir: str, line: str, timeout: float = 5.0) -> str:

@@ -15,6 +15,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.core.fsutil import program_refusal
 
 MISSING = "iperf3 is not installed (Debian package iperf3): no throughput measured"
 BUSY = "the server is busy"
@@ -75,6 +76,8 @@ def client(addr: str, port: int = 5201, seconds: int = 5, streams: int = 4, reve
     prog = exe()
     if prog is None:
         return Run(error=MISSING)
+    if program_refusal(prog):
+        return Run(error=program_refusal(prog))
     # five reporting intervals per run: the spread compare judges a change by
     argv = [prog, "-c", addr, "-p", str(port), "-t", str(seconds), "-P", str(streams), "--json",
             "-i", f"{max(0.1, seconds / 5):g}", "--connect-timeout", str(int(connect_timeout_s * 1000))]
@@ -132,6 +135,9 @@ def serve(port: int = 5201, seconds: float = 600, one_off: bool = False, bind: l
     prog = exe()
     if prog is None:
         raise HkError(MISSING.split(":")[0])
+    refused = program_refusal(prog)
+    if refused:
+        raise HkError(refused)
     binds = [bind] if isinstance(bind, str) else list(bind or [None])
     argvs = []
     for addr in binds:

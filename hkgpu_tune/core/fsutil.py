@@ -122,6 +122,14 @@ def untrusted_reason(path: str, what: str = "file") -> str | None:
     return None
 
 
+def program_refusal(path: str) -> str | None:
+    """Why root must not run the program at `path` found on PATH (None: it may, or not root)."""
+    if os.geteuid() != 0:
+        return None
+    why = untrusted_reason(os.path.abspath(path), "program")
+    return f"{why}: refused (root runs only programs no other user owns or can write)" if why else None
+
+
 def check_trusted(path: str, what: str = "file", error=HkError) -> None:
     """untrusted_reason() as an exception (HkError unless `error` names another)."""
     why = untrusted_reason(path, what)

@@ -17,7 +17,7 @@ import sysconfig
 import tempfile
 
 from hkgpu_tune.core.errors import HkError
-from hkgpu_tune.core.fsutil import atomic_write
+from hkgpu_tune.core.fsutil import atomic_write, program_refusal
 
 NAME = "hkbatch"
 LIBRARY = f"libtriton_{NAME}.so"
@@ -48,7 +48,7 @@ def compiler() -> str | None:
     libstdc++ that tritonserver's process has already loaded)."""
     for name in ("c++", "g++"):
         cxx = shutil.which(name)
-        if not cxx:
+        if not cxx or program_refusal(cxx):
             continue
         try:
             r = subprocess.run([cxx, "-print-file-name=libstdc++.a"], capture_output=True, text=True, timeout=30)

@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 
+from hkgpu_tune.core.fsutil import program_refusal
 from hkgpu_tune.observe.collect import Family
 
 KMSG_RE = re.compile(r"(\d+),(\d+),(\d+),[^;]*;(.*)")
@@ -89,6 +90,8 @@ def read_journal() -> list[str]:
     exe = shutil.which("journalctl")
     if not exe:
         raise FileNotFoundError("neither /dev/kmsg nor journalctl can be read")
+    if program_refusal(exe):
+        raise PermissionError(program_refusal(exe))
     p = subprocess.run([exe, "-k", "-b", "--no-pager", "-o", "short"], capture_output=True, text=True, timeout=10)
     if p.returncode != 0:
         raise OSError(" ".join(p.stderr.split())[:200] or f"journalctl exited {p.returncode}")

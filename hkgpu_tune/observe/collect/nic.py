@@ -15,6 +15,7 @@ import re
 import shutil
 import subprocess
 
+from hkgpu_tune.core.fsutil import program_refusal
 from hkgpu_tune.observe.collect import Family
 
 STATS = ("rx_dropped", "tx_dropped", "rx_errors", "tx_errors", "rx_packets", "tx_packets", "rx_bytes", "tx_bytes")
@@ -89,6 +90,8 @@ class SysNic:
         return out
 
     def ethtool_stats(self, dev: str) -> dict[str, int]:
+        if self.ethtool and program_refusal(self.ethtool):
+            raise PermissionError(program_refusal(self.ethtool))
         if not self.ethtool:
             return {}
         p = subprocess.run([self.ethtool, "-S", dev], capture_output=True, text=True, timeout=5)

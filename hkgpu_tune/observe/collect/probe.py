@@ -9,12 +9,14 @@ socket code in Python (an ICMP library would need CAP_NET_RAW handling of its ow
 from __future__ import annotations
 
 import math
+import os
 import re
 import shutil
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from hkgpu_tune.core.fsutil import program_refusal
 from hkgpu_tune.observe.collect import Family
 
 TIME_RE = re.compile(r"\bicmp_seq=(\d+)\b.*\btime[=<]([0-9.]+) ms")
@@ -71,6 +73,8 @@ def ping(addr: str, count: int = 5, interval_s: float = 0.2, timeout_s: float = 
          netns: str | None = None) -> PingStats:
     """Send `count` echo requests; never raises (a failure is PingStats.error)."""
     exe = shutil.which("ping") or "/usr/bin/ping"
+    if os.path.exists(exe) and program_refusal(exe):
+        return PingStats(addr, error=program_refusal(exe))
     deadline = deadline_s or (count * interval_s + timeout_s)
     argv = [exe, "-n", "-c", str(count), "-i", f"{interval_s:g}", "-W", f"{timeout_s:g}",
             "-w", str(max(1, math.ceil(deadline)))]
