@@ -200,3 +200,33 @@ def test_a_persist_entry_for_a_file_the_tool_did_not_write_keeps_it(tmp_path):
     rep = Engine(parse_profile_text(PROFILE, "t.yaml"), state_dir=str(d), backends=host()).rollback()
     assert conf.read_text() == "someone else's\n"
     assert rep.files == [f"kept {conf}: changed since hkgpu-tune wrote it (not removed, not restored)"]
+
+
+def test_a_killed_writers_temporary_file_is_removed_at_the_next_lock(tmp_path):
+    """A writer killed between atomic_write's temporary file and its rename leaves .state.json.PID.N.tmp
+    behind; the next run that takes the lock removes it (a real leftover: a kill -9 of a writer that
+    stopped before its rename). Only regular files of that name: a link or a directory named like one
+    is left alone, and nothing it points at is touched."""
+    d = tmp_path / "st"
+    d.mkdir(mode=0o700)
+    child = subprocess.run([sys.executable, "-c", f"""
+import os, signal
+from hkgpu_tune.core import fsutil
+real = os.replace
+def stop(src, dst):      # the writer dies where a kill would leave the file: before its rename
+    os.kill(os.getpid(), signal.SIGKILL)
+os.replace = stop
+fsutil.atomic_write({str(d / 'state.json')!r}, b'{{}}', mode=0o600)
+"""], capture_output=True, text=True, timeout=60)
+    assert child.returncode == -9, child.stderr
+    left = [n for n in os.listdir(d) if n.endswith(".tmp")]
+    assert len(left) == 1 and left[0].startswith(".state.json."), os.listdir(d)
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    os.symlink(victim, d / ".x.1.2.tmp")
+    os.mkdir(d / ".y.1.2.tmp")
+    eng = Engine(parse_profile_text(PROFILE, "t.yaml"), state_dir=str(d), backends=host())
+    eng.rollback()
+    names = sorted(os.listdir(d))
+    assert left[0] not in names, names
+    assert ".x.1.2.tmp" in names and ".y.1.2.tmp" in names and victim.read_text() == "keep", names
