@@ -1,5 +1,6 @@
 """Where a setting lives: the host (machine id), the network namespace (its inode) for settings
-that exist per namespace, and the device (permanent MAC, else MAC, from the change's identity).
+that exist per namespace, and the device (permanent MAC, else MAC, from the change's identity; a
+GPU's UUID).
 Apply records it with every original; an original recorded somewhere else is a separate setting
 (a replaced device or another namespace gets its own originals) and rollback never writes it
 here: it is reported and kept.
@@ -56,9 +57,13 @@ def stamp(changes, now: dict | None = None) -> None:
 
 
 def device(data) -> str:
-    """The device a change names (permanent MAC, else MAC), or ''."""
-    dev = data.get("identity") if isinstance(data, dict) else None
-    return (dev.get("perm_mac") or dev.get("mac") or "") if isinstance(dev, dict) else ""
+    """The device a change names (a NIC's permanent MAC, else MAC; a GPU's UUID), or ''."""
+    if not isinstance(data, dict):
+        return ""
+    dev = data.get("identity")
+    if isinstance(dev, dict):
+        return dev.get("perm_mac") or dev.get("mac") or ""
+    return data["uuid"] if isinstance(data.get("uuid"), str) else ""
 
 
 def key(data) -> tuple:

@@ -19,7 +19,7 @@ import re
 import time
 from dataclasses import dataclass
 
-from hkgpu_tune.core.errors import ApplyError, HkError, UnsupportedError
+from hkgpu_tune.core.errors import ApplyError, HkError, TargetGone, UnsupportedError
 from hkgpu_tune.core.report import DRIFT, ERROR, OK, UNSUPPORTED
 from hkgpu_tune.subsystems.base import Subsystem
 
@@ -149,7 +149,7 @@ class Plugin(Subsystem):
         return self.profile.section("gpu") or GpuProfile()
 
     def _keys(self) -> tuple[str, ...]:
-        c, keys = self.cfg, ["pci_bus_id"]
+        c, keys = self.cfg, ["pci_bus_id", "uuid"]
         for setting, fields in VERIFY_FIELDS.items():
             val = getattr(c, setting)
             if val is not None and not (setting == "pcie_check" and val is False):
@@ -206,7 +206,10 @@ class Plugin(Subsystem):
         for g in state["gpus"]:
             t = f"gpu{g['index']}"
             for key, want in self._wanted():
-                res.append(getattr(self, f"_cmp_{key}")(t, g, want, state))
+                r = getattr(self, f"_cmp_{key}")(t, g, want, state)
+                if isinstance(r.data, dict) and "index" in r.data and g.get("uuid"):
+                    r.data["uuid"] = g["uuid"]   # the device: a GPU replaced at this index is another
+                res.append(r)
         return res
 
     def _na(self, t, key, want, g, field):
@@ -288,6 +291,11 @@ class Plugin(Subsystem):
     def write(self, target, key, value, data):
         i = data["index"]
         nv = self.b.nvml
+        if data.get("uuid"):
+            now = nv.gpu(i, ("uuid",)).get("uuid")
+            if now != data["uuid"]:
+                raise TargetGone(f"{target}: the GPU at index {i} is {now or 'unknown'}, not {data['uuid']} whose "
+                                 f"{key} this is: not touched, its original is kept")
         if key == "persistence":
             if data.get("how") == "service":
                 # NVIDIA's recommended way: the daemon keeps the driver loaded

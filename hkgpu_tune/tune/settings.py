@@ -252,6 +252,7 @@ def _gpu(c: Change) -> None:
     text(c.target, "target", maxlen=64)
     one_of(c.key, "key", _GPU_KEYS)
     integer(c.data.get("index"), "data.index", 0, 1023)
+    text(c.data.get("uuid"), "data.uuid", maxlen=96, none=True)
     one_of(c.data.get("how"), "data.how", (None, "service", "nvml"))
     for k, v in (("original", c.current), ("desired", c.desired)):
         if c.key == "persistence":

@@ -163,3 +163,31 @@ def test_cli_without_driver_no_traceback(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "NVML library not found" in r.stdout
+
+
+def test_a_replaced_gpu_is_another_device(h200_facts, tmp_path):
+    """A GPU's original belongs to that GPU (its UUID), not to its index: after the board at
+    index 0 is replaced, rollback never writes the old board's original to the new one (kept and
+    reported), and apply on the new board saves the new board's own original."""
+    h200_facts["gpus"][0]["persistence"] = False
+    old = h200_facts["gpus"][0]["uuid"]
+    assert old and old.startswith("GPU-")
+    eng = engine(h200_facts, tmp_path=tmp_path)
+    assert not eng.apply().error
+    assert eng.b.nvml.writes == [(0, "persistence", True)]
+    # the board is swapped: same index, another UUID, its persistence found on
+    new = "GPU-" + "1" * 8 + old[12:]
+    eng.b.nvml.facts["gpus"][0].update(uuid=new, persistence=False, compute_mode="exclusive_process")
+    rep = eng.rollback()
+    assert eng.b.nvml.writes == [(0, "persistence", True)], "the old board's original reached the new one"
+    assert len(rep.kept) == 1 and f"is {new}, not {old}" in rep.errors[0], rep.errors
+    # apply on the new board: its own originals (the same key too), beside the kept one
+    eng = engine(eng.b.nvml.facts, tmp_path=tmp_path)
+    assert not eng.apply().error
+    saved = {(c.key, c.data.get("uuid")): c.current for c in eng.state.load()}
+    assert saved == {("persistence", old): False, ("persistence", new): False,
+                     ("compute_mode", new): "exclusive_process"}, saved
+    # the old board comes back: its own original is restored to it
+    eng.b.nvml.facts["gpus"][0]["uuid"] = old
+    rep = eng.rollback()
+    assert ("persistence", False) in [(c.key, c.current) for c in rep.restored], rep.errors
