@@ -14,6 +14,7 @@ import pytest
 
 import simrack
 from tests.helpers import REPO
+from hkgpu_tune.core.version import __version__ as VERSION
 
 COLL = "hkgpu_tune/ansible/collections/ansible_collections/hkgpu/tune/"
 SETTINGS_PER_HOST = 16   # tests/rack/group_vars/rack_sim1.yml: 7 sysctls, mtu, rx+tx, gro/gso/tso, qdisc x3
@@ -117,6 +118,11 @@ def test_rack_apply_verify_rollback_from_the_wheel(venv, wheel, rack, tmp_path):
     for h in hosts:      # really changed on each host, read with the system's tools
         s = simrack.snapshot(h)
         assert "mtu 9000" in s["link"] and s["net.ipv4.tcp_fin_timeout"] == "15", (h, s)
+        # and the man page, section 8, of the version installed, where the inventory says
+        page = os.path.join(rack["dir"], h, "man", "man8", "hkgpu-tune.8")
+        with open(page) as f:
+            head = f.read(300)
+        assert head.startswith(".TH HKGPU\\-TUNE 8 ") and f'"hkgpu-tune {VERSION}"' in head, (h, head)
     # each node's venv holds the same files as the controller's hkgpu_tune, the dependencies its
     # python3 lacked, and no ansible
     node = os.path.join(rack["dir"], hosts[0], "opt", "hkgpu-tune", "bin", "python")

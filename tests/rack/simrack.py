@@ -143,6 +143,7 @@ def inventory(n: int, run: str, python: str | None) -> str:
             "hkgpu_host_dir": run + "/{{ inventory_hostname }}/var/lib/hkgpu-tune",
             # node_exporter's textfile directory, per host (only /etc is private to a simulated host)
             "hkgpu_verify_textfile_dir": run + "/{{ inventory_hostname }}/textfile",
+            "hkgpu_install_man_dir": run + "/{{ inventory_hostname }}/man/man8",
         },
         "children": {"hk_sim": {"children": {"rack_sim1": {"hosts": hosts}}}},
     }}

@@ -130,6 +130,10 @@ def test_converge_reboot_verify(vm, node, stage):
         run, h = playbook(node, "apply")
     assert run.rc == 0 and not h.is_failed and h.changed > 0, why(run)
 
+    # the man page of the version installed, section 8, where an operator's man looks
+    page = vm.ssh("head -c 200 /usr/local/share/man/man8/hkgpu-tune.8", check=True).stdout
+    assert page.startswith(".TH HKGPU\\-TUNE 8 "), page
+
     with stage("hkgpu-tune verify over SSH"):
         rc, doc = verify(vm)
     assert rc == 0 and not not_ok(doc), not_ok(doc)
