@@ -82,7 +82,8 @@ def test_playbook_on_a_simulated_rack(tmp_path):
                         "  thresholds: {throughput: {pct: 75}, rtt_p50: {pct: 50, abs: 5}, "
                         "rtt_p99: {pct: 50, abs: 5}}\n")
         server = subprocess.Popen(["ip", "netns", "exec", f"{simrack.PREFIX}fab", sys.executable, "-m", "hkgpu_tune",
-                                   "baseline", "serve", "--port", "5315", "--seconds", "300"], cwd=REPO,
+                                   "baseline", "serve", "--port", "5315", "--seconds", "300",
+                                   "--profile", str(prof)], cwd=REPO,   # it listens on the peer address it holds
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         base = tmp_path / "bl"
         common = ["rack", "baseline", "-i", inv, "-e", f"hkgpu_baseline_dir={base}", "-e", f"hkgpu_baseline_cli={cli}",
