@@ -18,12 +18,12 @@ that share one kernel (tests), never for a second journal on a real host.
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import stat
 from contextlib import contextmanager
 
+from hkgpu_tune.core import lockfile
 from hkgpu_tune.core.errors import HkError, LockError, StateError
 from hkgpu_tune.core.fsutil import atomic_write, untrusted_reason
 
@@ -33,10 +33,6 @@ REGISTRY_FILE = "journals.json"
 STATE_FILE = "state.json"
 MAX_BYTES = 1024 * 1024
 MAX_DIRS = 1000
-
-# per process: host lock path -> [fd, depth] (apply then persist in one process take it twice)
-_held: dict[str, list] = {}
-
 
 def owned_problem(path: str, st: os.stat_result, what: str) -> str | None:
     """Why `path` (stat st) is not ours to trust: another owner, or writable by group or others."""
@@ -103,50 +99,19 @@ class Host:
     def lock(self, state_dir: str):
         """Hold the host lock (non-blocking: another holder is a LockError naming its pid and its
         state directory). Re-entrant within one process."""
-        held = _held.get(self.lock_path)
-        if held:
-            held[1] += 1
-            try:
+        if not lockfile.holding(self.lock_path):
+            self.check_dir()
+        try:
+            with lockfile.hold(self.lock_path, "host lock file",
+                               f"{os.getpid()}\n{os.path.abspath(state_dir)}\n", owned_problem):
                 yield
-            finally:
-                held[1] -= 1
-            return
-        self.check_dir()
-        path = self.lock_path
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise StateError(f"{path}: the host lock file is a symbolic link: refused") from None
-            raise HkError(f"{path}: cannot open the host lock file: {e.strerror}", e.errno) from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise StateError(f"{path}: the host lock file is not a regular file: refused")
-            why = owned_problem(path, st, "host lock file")
-            if why:
-                raise StateError(why)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                lines = os.pread(fd, 4200, 0).split(b"\n")
-                pid = lines[0].strip().decode("ascii", "replace")
-                pid = pid if pid.isdigit() else "unknown"
-                other = _printable(lines[1], 300) if len(lines) > 1 else ""
-                raise LockError(f"{path}: another hkgpu-tune apply, rollback, persist or health run holds the "
-                                f"lock (pid {pid}) with the state directory {other or 'unknown'}; try again "
-                                "when it has finished") from None
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n{os.path.abspath(state_dir)}\n".encode(), 0)
-        except BaseException:
-            os.close(fd)
-            raise
-        _held[path] = [fd, 1]
-        try:
-            yield
-        finally:
-            del _held[path]
-            os.close(fd)   # releases the lock (a kill releases it too)
+        except lockfile.Busy as e:
+            lines = e.record.split(b"\n")
+            pid = lines[0].strip().decode("ascii", "replace")
+            other = _printable(lines[1], 300) if len(lines) > 1 else ""
+            raise LockError(f"{self.lock_path}: another hkgpu-tune apply, rollback, persist or health run holds "
+                            f"the lock (pid {pid if pid.isdigit() else 'unknown'}) with the state directory "
+                            f"{other or 'unknown'}; try again when it has finished") from None
 
     # ------------------------------------------------------------ the registry
     def _read_registry(self) -> list | None:

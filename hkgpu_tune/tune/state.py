@@ -12,7 +12,6 @@ before anything is written.
 from __future__ import annotations
 
 import errno
-import fcntl
 import json
 import os
 import stat
@@ -20,6 +19,7 @@ import time
 from contextlib import contextmanager
 
 from hkgpu_tune.tune import settings
+from hkgpu_tune.core import lockfile
 from hkgpu_tune.core.errors import HkError, LockError, StateError
 from hkgpu_tune.core.fsutil import atomic_write
 from hkgpu_tune.core.report import Change
@@ -30,10 +30,6 @@ STATE_FILE = "state.json"
 LOCK_FILE = "lock"
 MAX_BYTES = 16 * 1024 * 1024
 LOG_MAX = 500          # journal events kept in the file (the latest)
-
-# per process: state dir -> [fd, depth] (apply then persist in one process take it twice)
-_held: dict[str, list] = {}
-
 
 def _check_owned(path: str, st: os.stat_result, what: str) -> None:
     why = owned_problem(path, st, what)
@@ -94,44 +90,15 @@ class State:
 
     @contextmanager
     def _dir_lock(self):
-        held = _held.get(self.dir)
-        if held:
-            held[1] += 1
-            try:
-                yield
-            finally:
-                held[1] -= 1
-            return
         path = os.path.join(self.dir, LOCK_FILE)
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise StateError(f"{path}: the lock file is a symbolic link: refused") from None
-            raise HkError(f"{path}: cannot open the lock file: {e.strerror}", e.errno) from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise StateError(f"{path}: the lock file is not a regular file: refused")
-            _check_owned(path, st, "lock file")
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                pid = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-                raise LockError(f"{self.dir}: another hkgpu-tune apply, rollback or health run holds the lock (pid {pid}); "
-                                "try again when it has finished") from None
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        except BaseException:
-            os.close(fd)
-            raise
-        _held[self.dir] = [fd, 1]
-        self._drop_temps()
-        try:
-            yield
-        finally:
-            del _held[self.dir]
-            os.close(fd)   # releases the lock (a kill releases it too)
+            with lockfile.hold(path, "lock file", f"{os.getpid()}\n", owned_problem):
+                self._drop_temps()
+                yield
+        except lockfile.Busy as e:
+            pid = e.record.split(b"\n")[0].strip().decode("ascii", "replace")
+            raise LockError(f"{self.dir}: another hkgpu-tune apply, rollback or health run holds the lock "
+                            f"(pid {pid if pid.isdigit() else 'unknown'}); try again when it has finished") from None
 
     def _drop_temps(self) -> None:
         """Temporary files a killed writer left in the directory (atomic_write's .NAME.PID.N.tmp):

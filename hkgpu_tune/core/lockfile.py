@@ -1,0 +1,70 @@
+"""A lock file held with flock (the state directory's and the host's): opened without following a
+link, a regular file the caller trusts, the holder's record written in it, re-entrant within one
+process (apply then persist take it twice). A kill releases it."""
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import stat
+from contextlib import contextmanager
+
+from hkgpu_tune.core.errors import HkError, StateError
+
+# per process: lock path -> [fd, depth]
+_held: dict[str, list] = {}
+
+
+def holding(path: str) -> bool:
+    """Whether this process holds the lock at `path` already."""
+    return path in _held
+
+
+class Busy(Exception):
+    """Another process holds the lock; `record` is what it wrote in the file (untrusted bytes)."""
+
+    def __init__(self, record: bytes):
+        super().__init__("busy")
+        self.record = record
+
+
+@contextmanager
+def hold(path: str, what: str, record: str, refusal):
+    """Hold the lock at `path` (non-blocking: Busy when another process has it). `refusal(path,
+    st, what)` says why the opened file is not to be trusted (None: it is)."""
+    held = _held.get(path)
+    if held:
+        held[1] += 1
+        try:
+            yield
+        finally:
+            held[1] -= 1
+        return
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise StateError(f"{path}: the {what} is a symbolic link: refused") from None
+        raise HkError(f"{path}: cannot open the {what}: {e.strerror}", e.errno) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise StateError(f"{path}: the {what} is not a regular file: refused")
+        why = refusal(path, st, what)
+        if why:
+            raise StateError(why)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise Busy(os.pread(fd, 4200, 0)) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, record.encode(), 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    _held[path] = [fd, 1]
+    try:
+        yield
+    finally:
+        del _held[path]
+        os.close(fd)   # releases the lock
