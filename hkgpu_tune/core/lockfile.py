@@ -1,4 +1,5 @@
-"""A lock file held with flock (the state directory's and the host's): opened without following a
+"""The files the tool keeps for itself: a lock file held with flock (the state directory's and the
+host's) and private files read back (state, registry, health state). Opened without following a
 link, a regular file the caller trusts, the holder's record written in it, re-entrant within one
 process (apply then persist take it twice). A kill releases it."""
 from __future__ import annotations
@@ -68,3 +69,33 @@ def hold(path: str, what: str, record: str, refusal):
     finally:
         del _held[path]
         os.close(fd)   # releases the lock
+
+
+def read_private(path: str, what: str, max_bytes: int, refusal) -> bytes | None:
+    """The bytes of a file the tool keeps for itself (state, registry, health state); None when it
+    is missing. A link, a non-regular file, one `refusal(path, st, what)` names, or one over
+    `max_bytes` is a StateError, never half-read."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise StateError(f"{path}: the {what} is a symbolic link: refused") from None
+        raise StateError(f"{path}: cannot read the {what}: {e.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise StateError(f"{path}: the {what} is not a regular file: refused")
+        why = refusal(path, st, what)
+        if why:
+            raise StateError(why)
+        if st.st_size > max_bytes:
+            raise StateError(f"{path}: the {what} is {st.st_size} bytes, over the {max_bytes} allowed: refused")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            data = f.read(max_bytes + 1)
+    finally:
+        os.close(fd)
+    if len(data) > max_bytes:
+        raise StateError(f"{path}: the {what} grew over {max_bytes} bytes: refused")
+    return data

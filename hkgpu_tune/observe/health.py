@@ -17,10 +17,8 @@ Semantics (docs/health.md):
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
-import stat
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -375,26 +373,12 @@ def _is_time(v) -> bool:
 def load_state(directory: str) -> dict:
     """The last recorded health state; {} when there is none. A file that is not ours or not of
     the expected shape is refused (StateError), never half-read."""
-    from hkgpu_tune.tune.state import _check_owned
+    from hkgpu_tune.core import lockfile
+    from hkgpu_tune.tune.host import owned_problem
     path = os.path.join(directory, STATE_FILE)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
+    data = lockfile.read_private(path, "health state file", STATE_MAX, owned_problem)
+    if data is None:
         return {}
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise StateError(f"{path}: the health state file is a symbolic link: refused") from None
-        raise StateError(f"{path}: cannot read the health state: {e.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise StateError(f"{path}: the health state file is not a regular file: refused")
-        _check_owned(path, st, "health state file")
-        data = os.read(fd, STATE_MAX + 1)
-    finally:
-        os.close(fd)
-    if len(data) > STATE_MAX:
-        raise StateError(f"{path}: the health state file is over {STATE_MAX} bytes: refused")
     try:
         doc = json.loads(data)
     except (ValueError, RecursionError) as e:

@@ -118,26 +118,9 @@ class Host:
         """The listed directories as stored (None: no registry yet). Refuses a link, a file not
         ours, an oversized one or one that is not a registry."""
         path = self.registry
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except FileNotFoundError:
+        data = lockfile.read_private(path, "journal registry", MAX_BYTES, owned_problem)
+        if data is None:
             return None
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise StateError(f"{path}: the journal registry is a symbolic link: refused") from None
-            raise StateError(f"{path}: cannot read the journal registry: {e.strerror}") from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise StateError(f"{path}: the journal registry is not a regular file: refused")
-            why = owned_problem(path, st, "journal registry")
-            if why:
-                raise StateError(why)
-            data = os.read(fd, MAX_BYTES + 1)
-        finally:
-            os.close(fd)
-        if len(data) > MAX_BYTES:
-            raise StateError(f"{path}: the journal registry is over {MAX_BYTES} bytes: refused")
         try:
             doc = json.loads(data)
         except (ValueError, RecursionError):

@@ -121,29 +121,7 @@ class State:
     def _read(self) -> bytes | None:
         if not self.check_dir():
             return None
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return None
-        except OSError as e:
-            if e.errno == errno.ELOOP:
-                raise StateError(f"{self.path}: the state file is a symbolic link: refused") from None
-            raise StateError(f"{self.path}: cannot read the saved originals: {e.strerror}") from None
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                raise StateError(f"{self.path}: the state file is not a regular file: refused")
-            _check_owned(self.path, st, "state file")
-            if st.st_size > MAX_BYTES:
-                raise StateError(f"{self.path}: the state file is {st.st_size} bytes, over the "
-                                 f"{MAX_BYTES} allowed: refused")
-            with os.fdopen(os.dup(fd), "rb") as f:
-                data = f.read(MAX_BYTES + 1)
-            if len(data) > MAX_BYTES:
-                raise StateError(f"{self.path}: the state file grew over {MAX_BYTES} bytes: refused")
-            return data
-        finally:
-            os.close(fd)
+        return lockfile.read_private(self.path, "state file", MAX_BYTES, owned_problem)
 
     def load(self) -> list[Change]:
         """The saved originals, oldest first; [] when there are none. Refuses the whole file when
