@@ -7,7 +7,8 @@
 # quick: a short bench into $OUT/quick plus tests/gpu/test_serving.py; full: the bench for docs/perf;
 # apply: `apply --only triton` of the bench profile, then the bench (started by apply), then with
 # $SWEEP_ARGS a sweep in what is left of the call; sweep: only the sweep;
-# diag: bench/serve_diag.py (engine variants in-process, then serving variants with execute()'s phases).
+# headline: the bench (started by apply) then tests/gpu/test_wheel_apply.py; grid: a sweep, then
+# bench/sweep_grid.py over its configs; diag: bench/serve_diag.py (engine variants in-process, then serving variants with execute()'s phases).
 MODE=${1:-full}
 OUT=${OUT:-/tmp/hkgpu-out}; mkdir -p "$OUT"
 exec > >(tee "$OUT/run.log") 2>&1
@@ -52,6 +53,23 @@ if [ "$MODE" = apply ]; then
   # against the plain client at 64 and 96 in flight
   timeout ${BENCH_S:-330} python3 bench/serve_h200.py --out "$OUT" "${@:2}"; echo "bench rc=$?"
   [ -n "$SWEEP_ARGS" ] && MODE=sweep   # then the sweep, in what is left of the call
+fi
+if [ "$MODE" = headline ]; then
+  # the headline (the tuned config started by apply with its gate, over the socket, checked against
+  # the plain client), then the installed wheel applying a torch-engine model ($HKGPU_TEST_WHEEL)
+  timeout ${BENCH_S:-330} python3 bench/serve_h200.py --out "$OUT" "${@:2}"; echo "bench rc=$?"
+  export HKGPU_TEST_WHEEL=$(ls $PWD/.dist/hkgpu_tune-*.whl 2>/dev/null | head -1)
+  timeout $((${CALL_S:-585} - SECONDS)) python3 -m pytest -m gpu tests/gpu/test_wheel_apply.py -v -rs \
+    -p no:cacheprovider 2>&1 | tee "$OUT/pytest-wheel.txt"
+elif [ "$MODE" = grid ]; then
+  # a README-style sweep over the socket, then every config of its grid again in a longer load
+  pkill -TERM -f 'pytriton/tritonserver/bin/tritonserver' 2>/dev/null; sleep 1
+  T0=$SECONDS
+  timeout $((${SWEEP_BUDGET:-270} + 40)) python3 -m hkgpu_tune triton sweep -p $SHIPPED "${@:2}" \
+    --budget-s ${SWEEP_BUDGET:-270} --json > "$OUT/sweep.json"
+  echo "sweep rc=$? in $((SECONDS - T0)) s"
+  timeout $((${CALL_S:-585} - SECONDS)) python3 bench/sweep_grid.py -p $SHIPPED --sweep "$OUT/sweep.json" \
+    --seconds ${GRID_S:-7.5} --out "$OUT/sweep-grid.json"; echo "grid rc=$?"
 fi
 if [ "$MODE" = sweep ]; then
   # a README-style sweep: over the socket, the processes sized by the sweep, >= 8 configs in 300 s
