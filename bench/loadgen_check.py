@@ -46,6 +46,7 @@ def check(t, model, conc: int, seconds: float, processes: int | None, plain_proc
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--profile", "-p", required=True, help="the profile whose triton service is running")
+    ap.add_argument("--unit", help="the service, where the profile has several (triton.services)")
     ap.add_argument("--model", help="default: the profile's first model")
     ap.add_argument("--concurrency", default="64,96", help="in-flight counts, e.g. 64,96")
     ap.add_argument("--seconds", type=float, default=8.0)
@@ -53,7 +54,8 @@ def main() -> int:
     ap.add_argument("--plain-processes", type=int, help="plain client processes (default: the same)")
     ap.add_argument("--out", help="write the JSON here")
     a = ap.parse_args()
-    t = load_profile(a.profile).section("triton")
+    from hkgpu_tune.serve.config import section
+    t = section(load_profile(a.profile), a.unit)
     model = t.model(a.model) if a.model else t.models[0]
     rows = []
     for conc in (int(x) for x in a.concurrency.split(",")):

@@ -22,6 +22,9 @@ from hkgpu_tune.core.report import fmt
 from hkgpu_tune.cli.context import EXIT_ERROR, EXIT_OK, PROFILE_HELP, Context, nonempty
 
 
+UNIT_HELP = "the service, by its unit, where the profile has several (triton.services)"
+
+
 def add_parser(sub) -> None:
     p = sub.add_parser("triton", help="the Triton inference service: render, start, gate, stop")
     tsub = p.add_subparsers(dest="triton_cmd", required=True, metavar="COMMAND")
@@ -36,6 +39,7 @@ def add_parser(sub) -> None:
         q = tsub.add_parser(name, help=helptext)
         q.add_argument("--profile", "-p", type=nonempty, help=PROFILE_HELP + "; its triton: section")
         q.add_argument("--json", action="store_true", help="machine-readable output")
+        q.add_argument("--unit", help=UNIT_HELP)
         if name == "start":
             q.add_argument("--no-gate", action="store_true", help="do not run the gate after ready")
             q.add_argument("--restart", action="store_true", help="stop a running server first")
@@ -49,6 +53,7 @@ def add_parser(sub) -> None:
                                       "(a server of its own; the running service is untouched)")
     q.add_argument("--profile", "-p", type=nonempty, help=PROFILE_HELP + "; its triton: section")
     q.add_argument("--json", action="store_true", help="machine-readable output")
+    q.add_argument("--unit", help=UNIT_HELP)
     q.add_argument("--model", help="the model to sweep (default: the profile's first)")
     q.add_argument("--max-batch", type=_ints, default=[], help="max_batch_size values, e.g. 32,64,128")
     q.add_argument("--delay-us", type=_ints, default=[], help="max_queue_delay_microseconds values, e.g. 0,500,2000")
@@ -98,7 +103,8 @@ def _ints(v: str) -> list[int]:
 
 def _section(ctx: Context):
     from hkgpu_tune.subsystems import triton
-    t = triton.section(ctx.profile)  # with the mps section's directories where MPS runs
+    # with the mps section's directories where MPS runs; --unit picks one of several services
+    t = triton.section(ctx.profile, getattr(ctx.args, "unit", None))
     if t is None:
         raise HkError(f"{ctx.profile.label}: the profile has no triton: section")
     return triton.check_models(t)
@@ -259,6 +265,9 @@ def run_sweep(ctx: Context) -> int:
         d = os.path.dirname(os.path.abspath(a.png))
         if not os.path.isdir(d) or not os.access(d, os.W_OK):
             raise HkError(f"--png {a.png}: {d} is not a directory this user can write")
+    if a.write and isinstance(ctx.profile.section("triton"), tuple):
+        raise HkError(f"--write: {ctx.profile.label} has several triton services; --write edits a profile of "
+                      f"one (sweep it, then put the values into the service's models yourself)")
     if a.write and t.mps is not None and (mps == [False] or (not mps and not sweep.mps_running(t))):
         # found now, not after the minutes of load: every config would be measured without MPS
         why = ("--mps off measures without it" if mps == [False] else

@@ -405,7 +405,7 @@ SECTIONS: dict[str, str] = {
     "gpu": "hkgpu_tune.subsystems.gpu:parse_profile",
     "mps": "hkgpu_tune.subsystems.mps:parse_profile",
     "affinity": "hkgpu_tune.subsystems.affinity:parse_profile",
-    "triton": "hkgpu_tune.serve.config:parse_profile",
+    "triton": "hkgpu_tune.serve.services:parse_profile",
     "health": "hkgpu_tune.observe.health_config:parse_profile",
     "export": "hkgpu_tune.observe.collect.exporters:parse_profile",
     "baseline": "hkgpu_tune.baseline.settings:parse_profile",

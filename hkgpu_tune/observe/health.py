@@ -32,7 +32,7 @@ STATUS_VALUE = {HEALTHY: 0, DEGRADED: 1, ERROR: 2}          # hkgpu_tune_health_
 OK, FAILING, SKIPPED, CHECK_ERROR = "ok", "failing", "skipped", "error"
 
 CHECKS = ("gpu_count", "gpu_lost", "ecc_uncorrected", "remapped_rows", "retired_pages_pending", "xid",
-          "temperature", "pcie_width", "pcie_gen", "nic_errors", "verify", "mig_device")
+          "temperature", "pcie_width", "pcie_gen", "nic_errors", "verify", "mig_device", "triton_ready")
 
 STATE_FILE = "health.json"
 STATE_MAX = 1 << 20
@@ -218,9 +218,11 @@ def named_mig(profile) -> list[str]:
     from hkgpu_tune.serve.devices import is_mig
     out: list[str] = []
     for name in ("triton", "mps") if profile is not None else ():
-        for g in getattr(profile.section(name), "gpus", None) or ():
-            if is_mig(g) and g not in out:
-                out.append(g)
+        sec = profile.section(name)
+        for one in sec if isinstance(sec, tuple) else (sec,):   # triton.services: each service's
+            for g in getattr(one, "gpus", None) or ():
+                if is_mig(g) and g not in out:
+                    out.append(g)
     return out
 
 
@@ -252,6 +254,30 @@ def _verify_checks(profile, res=None) -> list[Check]:
     failed = [r for r in res if r.failed]
     return [Check("verify", "", FAILING if failed else OK, len(failed), 0,
                   "; ".join(f"{r.subsystem} {r.target} {r.key}: {r.status}" for r in failed[:5]))]
+
+
+def _triton_checks(profile) -> list[Check]:
+    """One per Triton service of the profile (triton.services: each by its unit): ready or not."""
+    from hkgpu_tune.serve import client
+    from hkgpu_tune.serve.config import services
+    try:
+        every = services(profile) if profile is not None else ()
+    except HkError as e:
+        return [Check("triton_ready", "", CHECK_ERROR, None, True, str(e))]
+    if not every:
+        return [Check("triton_ready", "", CHECK_ERROR, None, True, "triton_ready: the profile has no triton section")]
+    out = []
+    for t in every:
+        c = client.Client(t.http.host, t.http.port, timeout=5)
+        try:
+            ready = c.ready()
+            why = "" if ready else f"{t.http.host}:{t.http.port}/v2/health/ready does not answer 200"
+        except (HkError, OSError) as e:
+            ready, why = False, f"{t.http.host}:{t.http.port}: {e}"
+        finally:
+            c.close()
+        out.append(Check("triton_ready", t.unit, OK if ready else FAILING, ready, True, why))
+    return out
 
 
 def _read_nics(devices) -> dict:
@@ -321,6 +347,8 @@ def check(profile, cfg: HealthConfig | None = None, *, nvml=None, gpus=None, gpu
                    for dev in cfg.nic_devices]
     if cfg.verify_drift:
         checks += _verify_checks(profile, verify_results)
+    if cfg.triton_ready:
+        checks += _triton_checks(profile)
     rep = Report(_status(checks), checks, n, time.monotonic() - t0)
     rep.action["nic"] = nic_now
     return rep

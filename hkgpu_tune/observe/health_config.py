@@ -23,6 +23,7 @@ class HealthConfig:
     nic_devices: tuple[str, ...] = ()
     nic_errors_max_increase: int = 0
     verify_drift: bool = False
+    triton_ready: bool = False     # one check per Triton service: /v2/health/ready answers 200
     on_unhealthy: tuple[str, ...] | None = None
     on_healthy: tuple[str, ...] | None = None
     hook_timeout_s: float = 30.0
@@ -30,7 +31,7 @@ class HealthConfig:
 
 
 KEYS = ("gpus_expected", "ecc_uncorrected_max", "remapped_rows", "retired_pages_pending", "xids",
-        "temperature_max_c", "pcie_width", "pcie_gen", "nic_errors", "verify_drift",
+        "temperature_max_c", "pcie_width", "pcie_gen", "nic_errors", "verify_drift", "triton_ready",
         "on_unhealthy", "on_healthy", "hook_timeout_s", "hold_down_s")
 
 
@@ -63,7 +64,7 @@ def parse_profile(n) -> HealthConfig:
         kw["gpus_expected"] = m["gpus_expected"].integer(0, 64)
     if "ecc_uncorrected_max" in m:
         kw["ecc_uncorrected_max"] = m["ecc_uncorrected_max"].integer(0, 1 << 32)
-    for k in ("remapped_rows", "retired_pages_pending", "pcie_width", "pcie_gen", "verify_drift"):
+    for k in ("remapped_rows", "retired_pages_pending", "pcie_width", "pcie_gen", "verify_drift", "triton_ready"):
         if k in m:
             kw[k] = m[k].boolean()
     if "xids" in m:

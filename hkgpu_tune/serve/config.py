@@ -19,6 +19,9 @@ Profile (every key but models optional; addresses default to loopback)::
           dynamic_batching: {max_queue_delay_microseconds: 2000}
           instance_group: [{count: 1, kind: KIND_CPU}]
       gate: {ready_timeout_s: 120, warmup_requests: 5, load: {requests: 200, concurrency: 8}, p99_ms: 50}
+      services:                   # optional: several servers, each a unit and the keys it changes
+        - {unit: hkgpu-triton-gpu0, gpu: 0}
+        - {unit: hkgpu-triton-gpu1, gpu: 1, http: {port: 8010}, grpc: {port: 8011}, metrics: {port: 8012}}
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from hkgpu_tune.serve.connections import OPTIONS as CONNECTION_OPTIONS, Connecti
 
 NAME_RE = r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}"
 USER_RE = r"[a-z_][a-z0-9_-]{0,31}"
+UNIT_RE = r"[A-Za-z0-9][A-Za-z0-9:_.@-]{0,200}"   # systemd unit characters; never . or ..
 SIZE_RE = r"[0-9]+[kKmMgG]?"
 # tritonserver options the launcher sets from the profile (an extra_args copy would override them)
 PROFILE_OPTIONS = {"--model-repository": "model_repository", "--http-port": "http.port", "--grpc-port": "grpc.port",
@@ -448,10 +452,13 @@ def _gate(n) -> Gate:
     return Gate(**kw)
 
 
-def parse_profile(node) -> Triton:
-    m = node.mapping(TOP_KEYS, required=("models",))
-    base = os.path.dirname(os.path.abspath(node.file)) if node.file and not node.file.startswith("<") else os.getcwd()
-    kw = {"profile_dir": base, "line": node.line}
+class Services(tuple):
+    """Several Triton services of one profile (triton.services, parsed in serve/services.py), in profile order."""
+
+
+def parse_one(node, m: dict, base: str, defaults: dict | None = None) -> Triton:
+    """One service from its keys (a mapping's nodes, or a service's merged over the section's)."""
+    kw = {"profile_dir": base, "line": node.line, **(defaults or {})}
     if "connections" in m:
         kw["connections"] = parse_connections(m["connections"])
     if "server" in m:
@@ -469,7 +476,7 @@ def parse_profile(node) -> Triton:
         if key in m:
             kw[key] = _path(m[key], base)
     if "unit" in m:
-        kw["unit"] = m["unit"].string(r"[A-Za-z0-9:_.\\-]+", "a systemd unit name")
+        kw["unit"] = m["unit"].string(UNIT_RE, "a systemd unit name")
     if "user" in m:
         kw["user"] = m["user"].string(USER_RE, "a user name")
     if "gpu" in m:
@@ -512,12 +519,36 @@ def parse_profile(node) -> Triton:
     return Triton(models=tuple(models), **kw)
 
 
-def section(profile) -> Triton | None:
-    """The triton section joined with the profile's mps section: with MPS enabled, the server is
-    an MPS client (its pipe and log directories in its environment, unit and container)."""
+def services(profile) -> tuple[Triton, ...]:
+    """Every Triton service of the profile (one, or triton.services), each joined with the mps section."""
     t = profile.section("triton")
+    if t is None:
+        return ()
+    return tuple(_with_mps(x, profile) for x in (t if isinstance(t, Services) else (t,)))
+
+
+def section(profile, unit: str | None = None) -> Triton | None:
+    """The profile's Triton service (None: no triton section); with several, the one whose unit
+    is named (none named: an error listing them)."""
+    every = services(profile)
+    if not every:
+        return None
+    if unit is None and len(every) == 1:
+        return every[0]
+    have = ", ".join(t.unit for t in every)
+    if unit is None:
+        raise HkError(f"the profile has {len(every)} triton services ({have}): name one with --unit")
+    for t in every:
+        if t.unit == unit:
+            return t
+    raise HkError(f"the profile has no triton service with unit {unit!r} (have: {have})")
+
+
+def _with_mps(t: Triton, profile) -> Triton:
+    """With MPS enabled, the server is an MPS client (its pipe and log directories in its
+    environment, unit and container)."""
     mps = profile.section("mps")
-    if t is not None and mps is not None and mps.enabled:
+    if mps is not None and mps.enabled:
         gpus = tuple(mps.gpus) if mps.gpus is not None else None
         if t.mig and gpus is None:
             raise HkError(f"triton.gpu {t.mig}: an MPS daemon serves a MIG device named in mps.gpus "

@@ -61,6 +61,7 @@ def for_model(t, model, idle_s: float, period_s: float, start: float) -> tuple[K
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python3 -m hkgpu_tune.serve.keepwarm", description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", help="the node's profile (its triton section)")
+    ap.add_argument("--unit", help="the service, where the profile has several (triton.services)")
     ap.add_argument("--model", help="the model to keep warm (default: the profile's first)")
     ap.add_argument("--idle-s", type=float, default=30.0, help="no traffic for this long: start sending")
     ap.add_argument("--period-s", type=float, default=5.0, help="one request per period while idle")
@@ -68,7 +69,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from hkgpu_tune.core.profile import load_chosen
     try:
-        t = load_chosen(args.profile).section("triton")
+        from hkgpu_tune.serve.config import section
+        t = section(load_chosen(args.profile), args.unit)
         if t is None or not t.models:
             raise HkError("the profile has no triton section with a model")
         model = next((m for m in t.models if m.name == (args.model or t.models[0].name)), None)

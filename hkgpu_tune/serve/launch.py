@@ -356,7 +356,11 @@ def wait_ready(t, backends=None, timeout: float | None = None) -> float:
                 return time.monotonic() - t0
             st = status(t, backends)
             if not st["active"] and supervisor(t, backends) == "process":
-                how = _reap(t)
+                # our child seen not alive: it may be mid-exit (its /proc entries going away before it
+                # is a zombie); its exit status says how it ended, or that it is still running
+                how = _reap(t, wait_s=5.0)
+                if how is None:
+                    continue
                 raise HkError(f"triton: the server exited before it was ready ({st['reason']}{how}):\n"
                               f"{log_tail(t) or '(the log is empty)'}")
             if not st["active"]:
@@ -399,12 +403,19 @@ def endpoints_down(t) -> list[str]:
     return down
 
 
-def _reap(t) -> str:
-    """Reap our child once it has exited; returns how it ended (', exit code N'), or ''."""
+def _reap(t, wait_s: float = 0.0) -> str | None:
+    """Reap our child once it has exited (waiting up to wait_s); returns how it ended (', exit code
+    N'), '' when it is not our child, None when our child still runs."""
     st = _load_state(t)
-    rc = _CHILDREN[st["pid"]].poll() if st and st["pid"] in _CHILDREN else None
-    if rc is None:
+    child = _CHILDREN.get(st["pid"]) if st else None
+    if child is None:
         return ""
+    try:
+        rc = child.wait(timeout=wait_s) if wait_s else child.poll()
+    except subprocess.TimeoutExpired:
+        rc = None
+    if rc is None:
+        return None
     del _CHILDREN[st["pid"]]
     return f", killed by signal {-rc}" if rc < 0 else f", exit code {rc}"
 

@@ -18,8 +18,10 @@ VERDICTS = ("accept", "drop", "reject", "jump", "goto", "return", "queue")
 
 
 def serving_ports(profile) -> list[int]:
+    """Every Triton service's HTTP, gRPC and metrics ports (none in the profile: Triton's defaults)."""
     t = profile.section("triton")
-    ports = [getattr(getattr(t, k, None), "port", None) for k in ("http", "grpc", "metrics")] if t else []
+    every = (t if isinstance(t, tuple) else (t,)) if t else ()
+    ports = [getattr(getattr(x, k, None), "port", None) for x in every for k in ("http", "grpc", "metrics")]
     return sorted({p for p in ports if isinstance(p, int)} or set(TRITON_PORTS))
 
 

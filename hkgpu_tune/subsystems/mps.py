@@ -407,19 +407,18 @@ class Plugin(Subsystem):
         c = self.cfg
         if use_systemd is None:
             use_systemd = self.b.systemd.available()
-        t = triton_sub.section(self.profile) if self.profile.section("triton") is not None else None
-        client = t is not None and t.mps is not None and t.mps.pipe_dir == c.pipe_dir
-        if client:
-            from hkgpu_tune.serve import launch
-            client = launch.status(t, self.b)["active"]
-            if client:
-                launch.stop(t, self.b)
+        from hkgpu_tune.serve import launch
+        clients = [t for t in triton_sub.services(self.profile)   # every service that is this daemon's client
+                   if t.mps is not None and t.mps.pipe_dir == c.pipe_dir and launch.status(t, self.b)["active"]]
+        for t in clients:
+            launch.stop(t, self.b)
         if use_systemd:
             self.b.systemd.stop(c.unit)
         self.mps.stop(c.pipe_dir)
         health = self.start(use_systemd)
-        if client:
+        for t in clients:
             launch.start(t, self.b)
+        for t in clients:
             launch.wait_ready(t, self.b)
         return health
 

@@ -5,15 +5,88 @@ import os
 
 from hkgpu_tune.core.errors import ApplyError, HkError
 from hkgpu_tune.core.report import DRIFT, ERROR, OK, UNSUPPORTED
-from hkgpu_tune.serve.config import Build, Endpoint, Gate, Model, Triton, engine_facts, parse_profile, section
+from hkgpu_tune.serve.config import Build, Endpoint, Gate, Model, Services, Triton, engine_facts, section, services
+from hkgpu_tune.serve.services import parse_profile
 from hkgpu_tune.serve.render import check_models
 from hkgpu_tune.subsystems.base import Subsystem
 
-__all__ = ["Plugin", "Build", "Endpoint", "Gate", "Model", "Triton", "check_models", "parse_profile", "section"]
+__all__ = ["Plugin", "Build", "Endpoint", "Gate", "Model", "Services", "Triton", "check_models", "parse_profile",
+           "section", "services"]
 
 
 class Plugin(Subsystem):
-    """Results: the rendered repository (fixable: re-render, then load through the repository API),
+    """Every Triton service of the profile: one, or several (triton.services), each verified,
+    applied and gated on its own. With several, each result's target names its service's unit
+    (`hkgpu-triton-gpu1/resnet50`) and each change carries the unit it belongs to."""
+
+    name = "triton"
+
+    @property
+    def services(self) -> list["Service"]:
+        svcs = self.__dict__.get("_svcs")
+        if svcs is None:
+            ts = services(self.profile)
+            if not ts:
+                raise HkError("triton: the profile has no triton section")
+            svcs = [Service(self.profile, self.b, t, self.notes, several=len(ts) > 1) for t in ts]
+            self.__dict__["_svcs"] = svcs
+        return svcs
+
+    @property
+    def t(self) -> Triton:
+        """The profile's one service (an error naming the units where there are several)."""
+        svcs = self.services
+        if len(svcs) > 1:
+            section(self.profile)   # raises, naming them
+        return svcs[0].t
+
+    def _of(self, data: dict) -> "Service":
+        svcs = self.services
+        if len(svcs) == 1:
+            return svcs[0]
+        for s in svcs:
+            if s.t.unit == data.get("unit"):
+                return s
+        raise HkError(f"triton: the change names service {data.get('unit')!r}, which the profile lacks")
+
+    def read(self) -> dict:
+        svcs = self.services
+        if len(svcs) == 1:
+            return svcs[0].read()
+        return {"services": {s.t.unit: s.read() for s in svcs}}
+
+    def compare(self, state: dict):
+        svcs = self.services
+        if len(svcs) == 1:
+            return svcs[0].compare(state)
+        return [r for s in svcs for r in s.compare(state["services"][s.t.unit])]
+
+    def write(self, target, key, value, data):
+        self._of(data).write(target, key, value, data)
+
+    def after_apply(self, changes):
+        svcs = self.services
+        if len(svcs) == 1:
+            svcs[0].after_apply(changes)
+            return
+        for s in svcs:   # in profile order; a failed gate raises and the whole apply rolls back
+            mine = [c for c in changes if c.data.get("unit") == s.t.unit]
+            if mine:
+                s.after_apply(mine)
+
+    def restore(self, change):
+        # from the saved record only: the profile may no longer name the service
+        Service(self.profile, self.b, None, self.notes).restore(change)
+
+    def facts(self) -> dict:
+        svcs = self.services
+        if len(svcs) == 1:
+            return svcs[0].facts()
+        return {"services": {s.t.unit: s.facts() for s in svcs}}
+
+
+class Service(Subsystem):
+    """One Triton service. Results: the rendered repository (fixable: re-render, then load through the repository API),
     the service (fixable: start), server and model readiness, the served config of each model
     against the profile (fixable: load), under MPS whether the server is an MPS client, metrics.
 
@@ -23,15 +96,32 @@ class Plugin(Subsystem):
 
     name = "triton"
 
+    def __init__(self, profile, backends, t: Triton | None, notes: list, several: bool = False):
+        super().__init__(profile, backends)
+        self.notes, self.several, self._triton = notes, several, t
+
     @property
     def t(self) -> Triton:
         t = self.__dict__.get("_t")
         if t is None:
-            t = section(self.profile)
-            if t is None:
+            if self._triton is None:
                 raise HkError("triton: the profile has no triton section")
-            self.__dict__["_t"] = t = check_models(t)
+            self.__dict__["_t"] = t = check_models(self._triton)
         return t
+
+    @property
+    def _gate_name(self) -> str:
+        return f"triton gate ({self.t.unit})" if self.several else "triton gate"
+
+    def result(self, target, key, current, desired, status, reason="", **kw):
+        if self.several:   # the unit names the service: its targets and changes say which
+            from hkgpu_tune.serve.launch import unit_name
+            unit, name = self.t.unit, unit_name(self.t)
+            if str(target) not in (unit, name) and not str(target).endswith("/" + name):
+                target = f"{unit}/{target}"
+            if "data" in kw:
+                kw["data"] = {**kw["data"], "unit": self.t.unit}
+        return super().result(target, key, current, desired, status, reason, **kw)
 
     def read(self) -> dict:
         from hkgpu_tune.serve import client, launch, render
@@ -63,9 +153,24 @@ class Plugin(Subsystem):
                         entry["config_error"] = str(e)
                     state["models"][m.name] = entry
             state["metrics"] = client.metrics_answer(t.metrics.host, t.metrics.port)
+            if t.gpu is not None or t.mig:
+                state["placement"] = self._placement(t)
             if t.mps is not None and (t.gpu is not None or t.mig):
                 state["mps"] = self._mps_clients(t)
         return state
+
+    def _placement(self, t) -> dict:
+        """The CPUs and memory nodes the server's processes may use, against its GPU's (the
+        launcher pins each service to its first GPU's local CPUs and NUMA node)."""
+        from hkgpu_tune.serve import launch
+        procs = []
+        for pid in launch.server_pids(t, self.b):
+            text = self.b.sysfs.read(f"/proc/{pid}/status") or ""
+            st = dict(ln.split(":\t", 1) for ln in text.splitlines() if ":\t" in ln)
+            if "Cpus_allowed_list" in st:
+                procs.append({"pid": pid, "cpus": st["Cpus_allowed_list"].strip(),
+                              "mems": st.get("Mems_allowed_list", "").strip()})
+        return {"want": launch.placement(t, self.b), "procs": procs}
 
     def _ref(self) -> dict:
         from hkgpu_tune.serve import launch
@@ -156,10 +261,35 @@ class Plugin(Subsystem):
                                        f"{len(render.flat(m.config))} field(s) compared"))
         if "mps" in state:
             res.append(self._mps_result(t, state["mps"]))
+        if "placement" in state:
+            res += self._placement_results(t, target, state["placement"])
         met = state.get("metrics") or {}
         res.append(self.result(target, "metrics", met.get("status"), "answering", OK if met.get("ok") else DRIFT,
                                met.get("reason", "")))
         return res
+
+    def _placement_results(self, t, target, st: dict) -> list:
+        from hkgpu_tune.backends.topology import format_cpulist, parse_cpulist
+        want, gpu = st["want"], t.mig or f"GPU {t.gpu}"
+        src = want.get("source", "")
+        if src.startswith(("all CPUs", "placement:", "no GPU")):
+            return [self.result(target, "cpus", None, None, UNSUPPORTED, f"{gpu}'s local CPUs unknown: {src}",
+                                required=False)]
+        if not st["procs"]:
+            return [self.result(target, "cpus", None, format_cpulist(want["cpus"]), UNSUPPORTED,
+                                "the server's processes cannot be read", required=False)]
+        out, fix = [], "restart the service (its unit or command pins it)"
+        for key, allowed in (("cpus", want["cpus"]), ("mems", want.get("mems") or [])):
+            if not allowed:
+                continue
+            stray = [p for p in st["procs"] if not parse_cpulist(p[key]) or
+                     not set(parse_cpulist(p[key])) <= set(allowed)]
+            have = sorted({p[key] for p in st["procs"]})
+            what = "local CPUs" if key == "cpus" else "NUMA node"
+            out.append(self.result(target, key, ", ".join(have), format_cpulist(allowed), DRIFT if stray else OK,
+                                   f"pid {', '.join(str(p['pid']) for p in stray)} not on {gpu}'s {what}: {fix}"
+                                   if stray else f"{len(st['procs'])} process(es) on {gpu}'s {what}"))
+        return out
 
     def _mps_result(self, t, st: dict):
         target, want = t.mig or f"gpu{t.gpu}", "MPS client"
@@ -227,15 +357,15 @@ class Plugin(Subsystem):
         if started or hot or (active and restart):
             rep = gate.run_gate(t)
             if rep.client_bound:   # the client, not the server, missed: the deployment stays
-                self.notes.append(f"triton gate client-bound, deployment kept: {rep.message}")
+                self.notes.append(f"{self._gate_name} client-bound, deployment kept: {rep.message}")
             elif rep.passed:
-                self.notes.append(f"triton gate passed: {rep.message}")
+                self.notes.append(f"{self._gate_name} passed: {rep.message}")
             else:
                 if hot:
-                    raise gate.GateFailed(f"triton gate failed: {rep.message}; {self._put_back(reload)}")
+                    raise gate.GateFailed(f"{self._gate_name} failed: {rep.message}; {self._put_back(reload)}")
                 if active and restart:
-                    raise gate.GateFailed(f"triton gate failed: {rep.message}; {self._undo_restart(restart, reload)}")
-                raise gate.GateFailed(f"triton gate failed: {rep.message}")
+                    raise gate.GateFailed(f"{self._gate_name} failed: {rep.message}; {self._undo_restart(restart, reload)}")
+                raise gate.GateFailed(f"{self._gate_name} failed: {rep.message}")
         for ch in reload:  # the deployment stays: only the oldest copy (rollback's original) is kept
             if ch.key == "repository":
                 redeploy.drop_newer(ch.data["repository"], ch.data["model"])
@@ -352,5 +482,3 @@ class Plugin(Subsystem):
         st["placement"] = launch.placement(self.t, self.b)
         return st
 
-
-__all__ = ["Triton", "Model", "Endpoint", "Gate", "Build", "parse_profile", "Plugin"]

@@ -355,6 +355,11 @@ def _affinity(c: Change) -> None:
 def _triton(c: Change) -> None:
     text(c.target, "target", maxlen=4096)
     one_of(c.key, "key", ("repository", "unit", "served_config", "service", "command"))
+    if "unit" in c.data:   # the service of several (triton.services) the change belongs to
+        u = c.data["unit"]
+        from hkgpu_tune.serve.config import UNIT_RE   # the profile's own rule for a unit name
+        if not (isinstance(u, str) and re.fullmatch(UNIT_RE, u)):
+            _fail(f"data.unit: {u!r} is not a unit name")
     if c.key == "repository":
         m = c.data.get("model")
         if not (isinstance(m, str) and _NAME.fullmatch(m)) or m in (".", ".."):

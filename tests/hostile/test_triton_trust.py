@@ -166,3 +166,15 @@ def test_a_saved_unit_rollback_would_write_runs_only_trusted_programs(tmp_path):
                      ("[Service]\nExecStart=/bin/true\n", "not one hkgpu-tune rendered")):
         with pytest.raises(HkError, match=why):
             records.check_unit_text(bad)
+
+
+@pytest.mark.parametrize("unit", ["..", "hk\\a", "a/b", "", 7])
+def test_a_saved_change_naming_a_service_unit_the_profile_could_not_name_is_refused_at_load(unit):
+    """A change of one of several services (triton.services) carries its unit: the state file's
+    value passes the profile's own rule for a unit name, or the file is refused."""
+    good = settings.to_entry(Change("triton", "hk-a/doubler", "served_config", "as rendered", "loaded",
+                                    {"model": "doubler", "served": {}, "service": {"supervisor": "process"},
+                                     "unit": "hk-a"}))
+    settings.from_entry(good)
+    with pytest.raises(ValueError, match="data.unit"):
+        settings.from_entry({**good, "data": {**good["data"], "unit": unit}})

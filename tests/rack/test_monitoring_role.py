@@ -115,3 +115,28 @@ def test_triton_targets_follow_each_nodes_metrics_address(tmp_path):
     assert got == {"tko-a01-n01": "198.18.7.1:9002", "tko-a01-n03": "10.41.1.13:8012",
                    "tko-a01-n04": "10.41.1.14:8002"}, got
     assert "tko-a01-n02: Triton's metrics bind 127.0.0.1 (loopback)" in text
+
+
+def test_triton_targets_one_per_service(tmp_path):
+    """A node with several Triton services (hkgpu_triton_services): one target per service, labelled
+    with its unit, at that service's metrics port (the node's hkgpu_triton_metrics where it names none);
+    a service whose metrics bind loopback is left out with a comment naming it."""
+    extra = tmp_path / "metrics.yml"
+    extra.write_text(yaml.safe_dump({"all": {"hosts": {
+        "tko-a01-n01": {"hkgpu_triton_metrics": {"port": 9002, "address": "0.0.0.0"},
+                        "hkgpu_triton_services": [
+                            {"unit": "hkgpu-triton-gpu0"},
+                            {"unit": "hkgpu-triton-gpu1", "metrics": {"port": 8012, "address": "0.0.0.0"}},
+                            {"unit": "hkgpu-triton-gpu2", "metrics": {"port": 8022, "address": "127.0.0.1"}},
+                            # its own metrics without an address: the library binds loopback
+                            {"unit": "hkgpu-triton-gpu3", "metrics": {"port": 8032}}]}}}}))
+    r = play(tmp_path, "-i", str(extra))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    text = (tmp_path / "hkgpu" / "targets" / "triton-rack_tko_a01.yml").read_text()
+    got = sorted((g["labels"]["node"], g["labels"].get("service"), g["targets"][0]) for g in yaml.safe_load(text))
+    assert got == [("tko-a01-n01", "hkgpu-triton-gpu0", "10.41.1.11:9002"),
+                   ("tko-a01-n01", "hkgpu-triton-gpu1", "10.41.1.11:8012"),
+                   ("tko-a01-n02", None, "10.41.1.12:8002"), ("tko-a01-n03", None, "10.41.1.13:8002"),
+                   ("tko-a01-n04", None, "10.41.1.14:8002")], got
+    assert "tko-a01-n01 hkgpu-triton-gpu2: Triton's metrics bind 127.0.0.1 (loopback)" in text
+    assert "tko-a01-n01 hkgpu-triton-gpu3: Triton's metrics bind 127.0.0.1 (loopback)" in text

@@ -183,7 +183,7 @@ def test_the_mps_client_check_reads_the_parent_gpus_processes(tmp_path, monkeypa
     b = a30_host()
     b.nvml.facts["gpus"][1]["processes"] = {"compute": [4242], "mps": [4242]}    # GPU 1: the parent
     monkeypatch.setattr(launch_mod, "server_pids", lambda t, backends=None: [4242])
-    plug = Plugin(parse_profile_text(f.read_text(), str(f)), b)
+    plug = Plugin(parse_profile_text(f.read_text(), str(f)), b).services[0]   # the profile's one service
     st = plug._mps_clients(plug.t)
     assert st["mps"] == [4242], st
     r = plug._mps_result(plug.t, st)

@@ -97,3 +97,33 @@ def test_role_converges_gates_and_is_idempotent(tmp_path):
     finally:
         if profile.exists():
             launch.stop(load_profile(str(profile)).section("triton"))
+
+
+def test_role_runs_several_services_each_gated(tmp_path):
+    """hkgpu_triton_services: two servers from one play, each with its own unit, ports, repository
+    and gate; both answer (read by hand over HTTP); the second run changes nothing."""
+    import http.client
+    play.ports = None
+    services = []
+    for unit in ("hk-role-a", "hk-role-b"):
+        h, g, m = free_ports(3)
+        services.append({"unit": unit, "http": {"port": h, "address": "127.0.0.1"},
+                         "grpc": {"port": g, "address": "127.0.0.1"}, "metrics": {"port": m, "address": "127.0.0.1"},
+                         "model_repository": str(tmp_path / unit / "models"), "run_dir": str(tmp_path / unit / "run")})
+    profile = tmp_path / "etc" / "node.yaml"
+    try:
+        p = play(tmp_path, {"hkgpu_triton_services": services})
+        assert p.returncode == 0, p.stdout[-4000:] + p.stderr[-2000:]
+        for s in services:
+            assert f"triton gate {s['unit']} passed: doubler: p99 " in p.stdout, p.stdout[-4000:]
+            c = http.client.HTTPConnection("127.0.0.1", s["http"]["port"], timeout=10)
+            c.request("GET", "/v2/models/doubler/ready")
+            assert c.getresponse().status == 200
+            c.close()
+        p = play(tmp_path, {"hkgpu_triton_services": services})
+        assert p.returncode == 0 and recap(p.stdout)["changed"] == 0, p.stdout[-4000:]
+    finally:
+        if profile.exists():
+            from hkgpu_tune.serve.config import services as every
+            for t in every(load_profile(str(profile))):
+                launch.stop(t)

@@ -188,7 +188,12 @@ def test_stop_leaves_no_process(server):
         psutil.Process(server["start"]["pid"]).status()
 
 
-def test_a_model_that_fails_to_load_gives_the_server_log(tmp_path):
+@pytest.mark.parametrize("seen_gone_early", [False, True])
+def test_a_model_that_fails_to_load_gives_the_server_log(tmp_path, monkeypatch, seen_gone_early):
+    """seen_gone_early: the race CI hit, forced. /proc calls the process gone (its exe link already
+    unreadable) before it is a zombie, so its exit status is not there yet; the liveness check says
+    gone from the start. wait_ready waits for the child's exit status instead of reporting a death
+    it has not seen."""
     bad = tmp_path / "bad.py"
     bad.write_text("this is not python\n")
     doc = profile_dict(tmp_path, free_ports(3))
@@ -196,6 +201,8 @@ def test_a_model_that_fails_to_load_gives_the_server_log(tmp_path):
     t = load_profile(write(tmp_path, doc)).section("triton")
     render.write_repository(t)
     launch.start(t)
+    if seen_gone_early:
+        monkeypatch.setattr(launch, "_alive", lambda st: False)
     try:
         with pytest.raises(HkError) as e:
             launch.wait_ready(t, timeout=60)
@@ -203,6 +210,7 @@ def test_a_model_that_fails_to_load_gives_the_server_log(tmp_path):
         assert re.search(r"is gone \(see [^)]+\), exit code [1-9]\d*\)", str(e.value)), str(e.value)
         assert re.search(r"load failed for model 'doubler'|failed to load", str(e.value)), str(e.value)
     finally:
+        monkeypatch.undo()
         launch.stop(t)
     assert ours(tmp_path) == []
 
@@ -274,3 +282,4 @@ def test_cli_start_gate_stop(tmp_path):
         assert ours(tmp_path) == []
     finally:
         launch.stop(load_profile(path).section("triton"))
+
