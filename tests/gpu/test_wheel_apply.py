@@ -6,6 +6,7 @@ The wheel: $HKGPU_TEST_WHEEL (built elsewhere and carried), else built here with
 Never changes a GPU setting (read before and after); leaves no server.
 """
 import glob
+import importlib.util
 import http.client
 import json
 import os
@@ -27,11 +28,13 @@ def smi(*args):
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """The wheel installed with pip into a directory of its own (--target), beside nothing of the tree."""
-    for mod in ("torch", "torchvision", "pytriton"):
+    for mod in ("torch", "torchvision"):
         try:
             __import__(mod)
         except ImportError:
             pytest.skip(f"{mod} is not installed here: the torch engine cannot be served")
+    if importlib.util.find_spec("pytriton") is None:   # the product runs its tritonserver; it never imports it
+        pytest.skip("nvidia-pytriton is not installed here: no tritonserver to serve with")
     d = tmp_path_factory.mktemp("wheel-apply")
     whl = os.environ.get("HKGPU_TEST_WHEEL")
     if not whl:
