@@ -22,8 +22,9 @@ SIZES = {"BOOL": 1, "UINT8": 1, "UINT16": 2, "UINT32": 4, "UINT64": 8, "INT8": 1
 
 
 class Client:
-    def __init__(self, host: str, port: int, timeout: float = 10.0):
-        self.host, self.port, self.timeout = host, port, timeout
+    def __init__(self, host: str, port: int, timeout: float = 10.0, grpc: tuple[str, int] | None = None):
+        """grpc: the server's gRPC endpoint, for model control (load_model, unload_model)."""
+        self.host, self.port, self.timeout, self.grpc = host, port, timeout, grpc
         self.conn: http.client.HTTPConnection | None = None
 
     def _conn(self):
@@ -80,18 +81,57 @@ class Client:
             raise HkError(f"triton: /v2/models/{name}/config answered {status}: {body[:200].decode(errors='replace')}")
         return json.loads(body)
 
+    def _control(self, call) -> bool:
+        """Model control over gRPC where this client knows the gRPC port and tritonclient[grpc] is
+        here: True when it answered, HkError with Triton's first line when it refused, False (use
+        HTTP) otherwise. Triton answers a load on the thread that took it, and an HTTP thread owns
+        its connections: a load over HTTP stalls every request of that thread's connections for
+        the whole load (docs/perf/README.md, 2026-12-05); a gRPC load stalls none."""
+        if self.grpc is None:
+            return False
+        try:
+            import tritonclient.grpc as tg
+            from tritonclient.utils import InferenceServerException
+        except (ImportError, RuntimeError):   # tritonclient without its grpc extras raises RuntimeError
+            return False
+        host, port = self.grpc
+        c = tg.InferenceServerClient(f"[{host}]:{port}" if ":" in host else f"{host}:{port}")
+        try:
+            call(c)
+            return True
+        except InferenceServerException as e:
+            if str(e.status()) == "StatusCode.UNAVAILABLE":   # gRPC not reachable from here
+                return False
+            line = ((e.message() or "").strip().splitlines() or ["(no message)"])[0].strip()
+            raise HkError(line if len(line) <= 160 else line[:159] + "…") from None
+        finally:
+            c.close()
+
     def load_model(self, name: str, config: dict | None = None) -> None:
-        """Load (or reload) a model through the repository API (explicit model control). With `config`
-        (a ModelConfig as JSON) that config is served instead of config.pbtxt. Triton keeps serving
-        the version it had when a load fails; the error is the first line of Triton's answer."""
+        """Load (or reload) a model through the repository API (explicit model control), over gRPC
+        where it can (see _control). With `config` (a ModelConfig as JSON) that config is served
+        instead of config.pbtxt. Triton keeps serving the version it had when a load fails; the
+        error is the first line of Triton's answer."""
+        failed = f"load failed for model '{name}': "
+        try:
+            if self._control(lambda g: g.load_model(name, config=json.dumps(config) if config is not None else None,
+                                                    client_timeout=self.timeout)):
+                return
+        except HkError as e:
+            raise HkError(f"triton: {name} did not load: {str(e).removeprefix(failed)}") from None
         body = {"parameters": {"config": json.dumps(config)}} if config is not None else {}
         status, _, data = self.request("POST", f"/v2/repository/models/{name}/load", json.dumps(body).encode(),
                                        {"Content-Type": "application/json"})
         if status != 200:
-            msg = _error_line(data).removeprefix(f"load failed for model '{name}': ")
+            msg = _error_line(data).removeprefix(failed)
             raise HkError(f"triton: {name} did not load: {msg}")
 
     def unload_model(self, name: str) -> None:
+        try:
+            if self._control(lambda g: g.unload_model(name, client_timeout=self.timeout)):
+                return
+        except HkError as e:
+            raise HkError(f"triton: unloading {name} failed: {e}") from None
         status, _, data = self.request("POST", f"/v2/repository/models/{name}/unload", b"{}",
                                        {"Content-Type": "application/json"})
         if status != 200:

@@ -289,13 +289,15 @@ class ServiceRef:
     http_host: str
     http_port: int
     load_timeout_s: float
+    grpc_host: str = ""       # model control goes over gRPC (client.Client._control); "" in older records
+    grpc_port: int = 0
 
     @classmethod
     def of(cls, t, backends=None) -> "ServiceRef":
         if isinstance(t, cls):
             return t
         return cls(supervisor(t, backends), t.unit, t.run_dir, t.runtime, t.gate.stop_timeout_s,
-                   t.http.host, t.http.port, t.gate.ready_timeout_s)
+                   t.http.host, t.http.port, t.gate.ready_timeout_s, t.grpc.host, t.grpc.port)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -305,12 +307,13 @@ class ServiceRef:
         try:
             return cls(str(d["supervisor"]), str(d["unit"]), str(d["run_dir"]), str(d["runtime"]),
                        float(d["stop_timeout_s"]), str(d["http_host"]), int(d["http_port"]),
-                       float(d["load_timeout_s"]))
+                       float(d["load_timeout_s"]), str(d.get("grpc_host", "")), int(d.get("grpc_port", 0)))
         except (KeyError, TypeError, ValueError) as e:
             raise HkError(f"triton: the saved service record is incomplete ({e})") from None
 
     def client(self) -> client.Client:
-        return client.Client(self.http_host, self.http_port, timeout=self.load_timeout_s)
+        grpc = (self.grpc_host, self.grpc_port) if self.grpc_host and 0 < self.grpc_port < 65536 else None
+        return client.Client(self.http_host, self.http_port, timeout=self.load_timeout_s, grpc=grpc)
 
 
 def _b(backends):
