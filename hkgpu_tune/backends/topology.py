@@ -156,7 +156,7 @@ def service_placement(backends, gpu_index: int) -> dict:
     """CPUs and NUMA memory node for a service that drives GPU `gpu_index`.
 
     Returns {"cpus": [ints], "mems": [ints], "numa_node": int|None, "source": str}. With no GPU or
-    no NVML: all online CPUs, no memory binding, and the source says why. For a unit:
+    no NVML: all online CPUs, no memory binding, "known": False, and the source says why. For a unit:
     CPUAffinity=<cpus> NUMAPolicy=bind NUMAMask=<mems>; for a container: --cpuset-cpus/--cpuset-mems.
     """
     fs = backends.sysfs
@@ -164,7 +164,7 @@ def service_placement(backends, gpu_index: int) -> dict:
     try:
         g = backends.nvml.gpu(gpu_index, ("pci_bus_id", "cpu_affinity", "numa_node"))
     except UnsupportedError as e:
-        return {"cpus": allc, "mems": [], "numa_node": None, "source": f"all CPUs: {e}"}
+        return {"cpus": allc, "mems": [], "numa_node": None, "source": f"all CPUs: {e}", "known": False}
     pci = sysfs_pci(g.get("pci_bus_id") or "")
     dev = pci_device(fs, pci) if pci else {"numa_node": None, "local_cpus": []}
     node = g.get("numa_node") if g.get("numa_node") is not None and g["numa_node"] >= 0 else dev["numa_node"]

@@ -161,8 +161,9 @@ def placement(t, backends=None) -> dict:
                 return p
         except HkError as e:
             return {"cpus": sorted(os.sched_getaffinity(0)), "mems": [], "numa_node": None,
-                    "source": f"placement: {e}; all CPUs"}
-    return {"cpus": sorted(os.sched_getaffinity(0)), "mems": [], "numa_node": None, "source": "no GPU named; all CPUs"}
+                    "source": f"placement: {e}; all CPUs", "known": False}
+    return {"cpus": sorted(os.sched_getaffinity(0)), "mems": [], "numa_node": None, "source": "no GPU named; all CPUs",
+            "known": False}
 
 
 def parent_gpu(backends, uuid: str) -> int:

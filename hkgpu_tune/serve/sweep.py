@@ -183,20 +183,13 @@ class Server:
             self.close()
             raise
         self.ready_s = time.monotonic() - t0
-        self.c = client.Client(self.t.http.host, self.t.http.port, timeout=max(60.0, self.t.gate.ready_timeout_s))
+        self.c = client.Client(self.t.http.host, self.t.http.port, timeout=max(60.0, self.t.gate.ready_timeout_s),
+                               grpc=(self.t.grpc.host, self.t.grpc.port))
 
     def load(self, name: str, cfg: dict) -> float:
         """Load `name` with `cfg` (no restart); returns seconds. Raises HkError with Triton's reason."""
         t0 = time.monotonic()
-        body = json.dumps({"parameters": {"config": json.dumps(cfg)}}).encode()
-        status, _, text = self.c.request("POST", f"/v2/repository/models/{name}/load", body,
-                                         {"Content-Type": "application/json"})
-        if status != 200:
-            try:
-                reason = json.loads(text).get("error", text.decode(errors="replace"))
-            except ValueError:
-                reason = text.decode(errors="replace")
-            raise HkError(f"model {name} failed to load: {reason.strip()[:300]}")
+        self.c.load_model(name, cfg)
         return time.monotonic() - t0
 
     def close(self) -> None:

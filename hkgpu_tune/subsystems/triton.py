@@ -272,7 +272,7 @@ class Service(Subsystem):
         from hkgpu_tune.backends.topology import format_cpulist, parse_cpulist
         want, gpu = st["want"], t.mig or f"GPU {t.gpu}"
         src = want.get("source", "")
-        if src.startswith(("all CPUs", "placement:", "no GPU")):
+        if not want.get("known", True):   # the fallback: every CPU, no NUMA node
             return [self.result(target, "cpus", None, None, UNSUPPORTED, f"{gpu}'s local CPUs unknown: {src}",
                                 required=False)]
         if not st["procs"]:

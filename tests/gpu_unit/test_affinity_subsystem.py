@@ -82,7 +82,7 @@ def test_service_placement_h200_single_node(h200_facts, h200_root):
 def test_service_placement_without_gpu(h200_root):
     pl = service_placement(backends(None, root=h200_root), 0)
     assert pl == {"cpus": list(range(16)), "mems": [], "numa_node": None,
-                  "source": "all CPUs: NVML library not found (libnvidia-ml.so.1)"}
+                  "source": "all CPUs: NVML library not found (libnvidia-ml.so.1)", "known": False}
     pl = service_placement(backends({"gpus": []}, root=h200_root), 3)
     assert pl["cpus"] == list(range(16)) and "GPU 3" in pl["source"]
 

@@ -143,7 +143,7 @@ def test_verify_reads_each_servers_cpus_against_its_gpus(model, monkeypatch):
         assert [r.status for r in rows] == ["ok", "ok"], rows
         # no NVML: the GPU's CPUs are unknown, said so, never a silent ok
         monkeypatch.setattr(launch, "placement", lambda t, backends=None: {
-            "cpus": [0, 1], "mems": [], "numa_node": None, "source": "all CPUs: NVML library not found"})
+            "cpus": [0, 1], "mems": [], "numa_node": None, "source": "all CPUs: NVML library not found", "known": False})
         (row,) = svc._placement_results(svc.t, "hk-b.service", svc._placement(svc.t))
         assert row.status == "unsupported" and "NVML library not found" in row.reason and not row.required
     finally:
