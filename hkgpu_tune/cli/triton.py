@@ -265,7 +265,8 @@ def run_sweep(ctx: Context) -> int:
         d = os.path.dirname(os.path.abspath(a.png))
         if not os.path.isdir(d) or not os.access(d, os.W_OK):
             raise HkError(f"--png {a.png}: {d} is not a directory this user can write")
-    if a.write and isinstance(ctx.profile.section("triton"), tuple):
+    from hkgpu_tune.serve.config import each
+    if a.write and len(each(ctx.profile.section("triton"))) > 1:
         raise HkError(f"--write: {ctx.profile.label} has several triton services; --write edits a profile of "
                       f"one (sweep it, then put the values into the service's models yourself)")
     if a.write and t.mps is not None and (mps == [False] or (not mps and not sweep.mps_running(t))):

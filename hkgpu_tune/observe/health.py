@@ -215,11 +215,11 @@ def _nic_checks(cfg: HealthConfig, counters: dict | None, err: str | None, prev:
 
 def named_mig(profile) -> list[str]:
     """The MIG device UUIDs the profile names (triton.gpu, mps.gpus), in that order."""
+    from hkgpu_tune.serve.config import each
     from hkgpu_tune.serve.devices import is_mig
     out: list[str] = []
     for name in ("triton", "mps") if profile is not None else ():
-        sec = profile.section(name)
-        for one in sec if isinstance(sec, tuple) else (sec,):   # triton.services: each service's
+        for one in each(profile.section(name)):   # triton.services: each service's
             for g in getattr(one, "gpus", None) or ():
                 if is_mig(g) and g not in out:
                     out.append(g)

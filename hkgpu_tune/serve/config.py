@@ -519,12 +519,16 @@ def parse_one(node, m: dict, base: str, defaults: dict | None = None) -> Triton:
     return Triton(models=tuple(models), **kw)
 
 
+def each(section) -> tuple:
+    """The parsed triton section as its services: none, one, or triton.services' (no mps join)."""
+    if section is None:
+        return ()
+    return tuple(section) if isinstance(section, Services) else (section,)
+
+
 def services(profile) -> tuple[Triton, ...]:
     """Every Triton service of the profile (one, or triton.services), each joined with the mps section."""
-    t = profile.section("triton")
-    if t is None:
-        return ()
-    return tuple(_with_mps(x, profile) for x in (t if isinstance(t, Services) else (t,)))
+    return tuple(_with_mps(x, profile) for x in each(profile.section("triton")))
 
 
 def section(profile, unit: str | None = None) -> Triton | None:
