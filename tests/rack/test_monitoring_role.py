@@ -27,6 +27,8 @@ def play(tmp, *extra):
     argv = ["ansible-playbook", "-i", os.path.join(REPO, "inventory", "hk"), "-i", str(inv),
             os.path.join(REPO, "playbooks", "monitoring.yml"),
             "-e", "hkgpu_monitoring_install=false", "-e", "hkgpu_monitoring_reload=none",
+            "-e", "hkgpu_monitoring_alertmanager_install=false",
+            "-e", f"hkgpu_monitoring_alertmanager_config_file={tmp / 'alertmanager.yml'}",
             "-e", f"hkgpu_monitoring_config_file={tmp / 'prometheus.yml'}",
             "-e", f"hkgpu_monitoring_dir={tmp / 'hkgpu'}", *extra]
     return subprocess.run(argv, capture_output=True, text=True, timeout=240, cwd=REPO,
@@ -140,3 +142,51 @@ def test_triton_targets_one_per_service(tmp_path):
                    ("tko-a01-n04", None, "10.41.1.14:8002")], got
     assert "tko-a01-n01 hkgpu-triton-gpu2: Triton's metrics bind 127.0.0.1 (loopback)" in text
     assert "tko-a01-n01 hkgpu-triton-gpu3: Triton's metrics bind 127.0.0.1 (loopback)" in text
+
+
+def test_alertmanagers_and_dcgm_targets(tmp_path):
+    """prometheus.yml sends alerts to hkgpu_monitoring_alertmanagers (default: the one beside it); the
+    dcgm job scrapes dcgm-exporter on exactly the nodes whose host variable says it runs, at their port;
+    the role's Alertmanager config is written where asked, amtool-checked, and an operator's own kept."""
+    extra = tmp_path / "dcgm.yml"
+    extra.write_text(yaml.safe_dump({"all": {"hosts": {
+        "tko-a01-n01": {"hkgpu_dcgm_exporter": True},
+        "tko-a01-n03": {"hkgpu_dcgm_exporter": True, "hkgpu_dcgm_exporter_port": 9410},
+        "tko-a01-n04": {"hkgpu_dcgm_exporter": False},
+        "tsw-b01-n02": {"hkgpu_dcgm_exporter": True}}}}))
+    r = play(tmp_path, "-i", str(extra), "-e", "hkgpu_monitoring_alertmanager_write_config=true",
+             "-e", "hkgpu_monitoring_alertmanager_webhook_url=http://198.18.9.9:5001/hook")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    cfg = yaml.safe_load((tmp_path / "prometheus.yml").read_text())
+    assert cfg["alerting"]["alertmanagers"] == [{"static_configs": [{"targets": ["127.0.0.1:9093"]}]}]
+    assert [j["job_name"] for j in cfg["scrape_configs"]] == ["node", "triton", "dcgm"]
+    got = {}
+    for f in sorted((tmp_path / "hkgpu" / "targets").glob("dcgm-*.yml")):
+        for g in yaml.safe_load(f.read_text()) or []:
+            got[g["labels"]["node"]] = (f.name, g["targets"][0], g["labels"]["site"])
+    assert got == {"tko-a01-n01": ("dcgm-rack_tko_a01.yml", "10.41.1.11:9400", "hk_tko"),
+                   "tko-a01-n03": ("dcgm-rack_tko_a01.yml", "10.41.1.13:9410", "hk_tko"),
+                   "tsw-b01-n02": ("dcgm-rack_tsw_b01.yml", "10.42.1.12:9400", "hk_tsuen_wan")}, got
+    am = tmp_path / "alertmanager.yml"
+    doc = yaml.safe_load(am.read_text())
+    assert doc["route"]["receiver"] == "hkgpu"
+    assert doc["receivers"] == [{"name": "hkgpu", "webhook_configs": [{"url": "http://198.18.9.9:5001/hook"}]}]
+    if shutil.which("amtool"):
+        c = subprocess.run(["amtool", "check-config", str(am)], capture_output=True, text=True, timeout=60)
+        assert c.returncode == 0, c.stdout + c.stderr
+
+    # an operator's own file is kept unless asked; other Alertmanagers replace the default
+    am.write_text("route: {receiver: ops}\nreceivers: [{name: ops}]\n")
+    r = play(tmp_path, "-i", str(extra), "-e", '{"hkgpu_monitoring_alertmanagers": ["198.18.9.1:9093", "198.18.9.2:9093"]}')
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+    assert am.read_text() == "route: {receiver: ops}\nreceivers: [{name: ops}]\n"
+    cfg = yaml.safe_load((tmp_path / "prometheus.yml").read_text())
+    assert cfg["alerting"]["alertmanagers"][0]["static_configs"][0]["targets"] == ["198.18.9.1:9093", "198.18.9.2:9093"]
+    c = subprocess.run(["promtool", "check", "config", str(tmp_path / "prometheus.yml")],
+                       capture_output=True, text=True, timeout=60)
+    assert c.returncode == 0, c.stdout + c.stderr
+
+    # no Alertmanager: no alerting section, still a valid config
+    r = play(tmp_path, "-e", '{"hkgpu_monitoring_alertmanagers": []}')
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert "alerting" not in yaml.safe_load((tmp_path / "prometheus.yml").read_text())
