@@ -349,7 +349,7 @@ def test_rules_evaluate_and_only_the_replayed_xid_fires(stack):
             break
         time.sleep(1)
     assert {g["name"] for g in groups} == {"hkgpu-thresholds", "hkgpu-node", "hkgpu-serving", "hkgpu-gpu", "hkgpu-network"}
-    assert len(rules) == 40
+    assert len(rules) == 41
     assert [(r["name"], r.get("lastError")) for r in rules if r["health"] != "ok"] == []
     xid = [a for a in alerts if a["labels"]["alertname"] == "HkgpuGpuXid"]
     assert [(a["labels"]["xid"], a["labels"]["gpu"], a["labels"]["node"], a["state"]) for a in xid] == \
