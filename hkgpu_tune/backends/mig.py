@@ -116,15 +116,65 @@ def state(nv, h) -> dict:
     return {"mode": m, "profiles": profs, "layout": layout, "devices": devices(layout)}
 
 
-def find(nvml, uuid: str) -> dict | None:
-    """The MIG device with this UUID on this host, through the nvml backend (Nvml or ReplayNvml):
-    devices()' entry plus "gpu" (the parent's NVML index) and "gpu_name"; None where no GPU has it.
+# a MIG device by position: mig:GPU/SLOT, GPU an NVML index or the parent's UUID, SLOT its place in the layout
+POS_RE = (r"mig:([0-9]|[1-5][0-9]|6[0-3]|GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12})"
+          r"/([0-9]|[1-2][0-9]|3[01])")
+
+
+def parse_pos(ref) -> tuple[int | str, int] | None:
+    """'mig:0/1' -> (0, 1); 'mig:GPU-<uuid>/2' -> ('GPU-<uuid>', 2); None for anything else."""
+    import re
+    m = re.fullmatch(POS_RE, ref) if isinstance(ref, str) else None
+    if m is None:
+        return None
+    g = m.group(1)
+    return (g if g.startswith("GPU-") else int(g)), int(m.group(2))
+
+
+def slots(layout: list[dict]) -> list[dict]:
+    """The GPU's MIG devices in slot order: GPU instances by placement (their first memory slice,
+    `nvidia-smi mig -lgi`'s Placement), then compute instance id. Re-creating the same mig-parted
+    layout gives the same slots; the UUIDs are new."""
+    return [{"uuid": ci["uuid"], "profile": gi["name"], "gpu_instance": gi["id"], "compute_instance": ci["id"]}
+            for gi in sorted(layout, key=lambda g: (g["start"], g["id"]))
+            for ci in sorted(gi["compute"], key=lambda c: c["id"])]
+
+
+def locate(nvml, ref: str) -> tuple[dict | None, str]:
+    """(the MIG device `ref` names on this host, or None with why): ref is a MIG device UUID or a
+    position (mig:GPU/SLOT). The device is devices()' entry plus "gpu" (the parent's NVML index),
+    "gpu_name" and "slot". Raises HkError (UnsupportedError) where NVML cannot be read."""
+    pos = parse_pos(ref)
+    n = nvml.count()
+    if pos is None:
+        for i in range(n):
+            for slot, d in enumerate(slots(nvml.mig(i).get("layout") or [])):
+                if d.get("uuid") == ref:
+                    return {**d, "gpu": i, "slot": slot,
+                            "gpu_name": nvml.gpu(i, ("name",)).get("name") or "unknown"}, ""
+        return None, (f"no MIG device {ref} on this host (MIG devices do not survive a GPU reset or reboot "
+                      "unless re-created, and then get new UUIDs: name it by position, mig:GPU/SLOT)")
+    gpu, slot = pos
+    if isinstance(gpu, str):
+        idx = next((i for i in range(n) if nvml.gpu(i, ("uuid",)).get("uuid") == gpu), None)
+        if idx is None:
+            return None, f"no GPU {gpu} on this host"
+    else:
+        if gpu >= n:
+            return None, f"no GPU {gpu} on this host ({n} GPU{'s' if n != 1 else ''})"
+        idx = gpu
+    devs = slots(nvml.mig(idx).get("layout") or [])
+    if slot >= len(devs):
+        return None, (f"GPU {idx} has no MIG device in slot {slot} (its layout has {len(devs)}: "
+                      "MIG off, or the layout not re-created since a GPU reset or reboot)")
+    return {**devs[slot], "gpu": idx, "slot": slot, "gpu_name": nvml.gpu(idx, ("name",)).get("name") or "unknown"}, ""
+
+
+def find(nvml, ref: str) -> dict | None:
+    """The MIG device with this UUID, or at this position (mig:GPU/SLOT), on this host, through the
+    nvml backend (Nvml or ReplayNvml): locate()'s device, None where there is none.
     Raises HkError (UnsupportedError) where NVML cannot be read."""
-    for i in range(nvml.count()):
-        for d in nvml.mig(i).get("devices") or []:
-            if d.get("uuid") == uuid:
-                return {**d, "gpu": i, "gpu_name": nvml.gpu(i, ("name",)).get("name") or "unknown"}
-    return None
+    return locate(nvml, ref)[0]
 
 
 # ---------------------------------------------------------------- writes
@@ -227,7 +277,8 @@ class MigLib:
     - nvmlDeviceCreateGpuInstance: InsufficientResources beyond a profile's instance count or the
       GPU's slices (placement is reduced to counting slices); NotSupported with MIG off.
     - nvmlGpuInstanceDestroy: InUse while it still has compute instances.
-    UUIDs of new MIG devices are derived from the GPU's UUID and the instance ids."""
+    UUIDs of new MIG devices are derived from the GPU's UUID, the instance ids and a count of the
+    devices made: a device made again gets a new UUID, as on a real GPU."""
 
     NVMLError = MigError
     NVMLError_NotSupported = MigNotSupported
@@ -337,7 +388,9 @@ class MigLib:
 
     def nvmlGpuInstanceCreateComputeInstance(self, gi, ci_profile):
         ci_id = len(gi["compute"])
-        u = uuidlib.uuid5(uuidlib.NAMESPACE_OID, f"{self.g.get('uuid')}/{gi['id']}/{ci_id}")
+        # as on a real GPU, a device made again (after a reset or reboot) gets a new UUID
+        made = self.g["mig_made"] = self.g.get("mig_made", 0) + 1
+        u = uuidlib.uuid5(uuidlib.NAMESPACE_OID, f"{self.g.get('uuid')}/{gi['id']}/{ci_id}/{made}")
         ci = {"id": ci_id, "profile_id": ci_profile, "uuid": f"MIG-{u}"}
         gi["compute"].append(ci)
         return (gi, ci)

@@ -56,6 +56,7 @@ GROUPS = {"facts": "core", "plan": "core", "verify": "core", "rollback": "core",
 
 GROUPS.update({"profiles": "profiles", "completion": "meta", "man": "meta"})
 GROUPS["baseline"] = "baseline"   # capture / serve / compare (docs/baseline.md)
+GROUPS["mig-env"] = "gpu"         # a service unit's ExecStartPre: a MIG position to its UUID
 
 EXIT_CODES = """exit codes:
   0  ok
@@ -71,6 +72,7 @@ EXAMPLES = {
     "rollback": "hkgpu-tune rollback --only sysctl",
     "mps": "hkgpu-tune mps status",
     "placement": "hkgpu-tune placement --gpu 0",
+    "mig-env": "hkgpu-tune mig-env mig:0/1 /run/hkgpu-tune/mig-triton.env",
     "triton": "hkgpu-tune triton gate -p /etc/hkgpu-tune/node.yaml",
     "rack": "hkgpu-tune rack verify -i inventory/hk --limit rack_tko_a01 --forks 20",
     "profiles": "hkgpu-tune profiles show hk-latency",

@@ -1,4 +1,5 @@
-"""`hkgpu-tune mps start|stop|status` (hosts without systemd too) and `hkgpu-tune placement --gpu N`."""
+"""`hkgpu-tune mps start|stop|status` (hosts without systemd too), `hkgpu-tune placement --gpu N` and
+`hkgpu-tune mig-env POSITION FILE` (the UUID of a MIG device named by position, for a unit's start)."""
 from __future__ import annotations
 
 from hkgpu_tune.core.errors import HkError
@@ -16,6 +17,11 @@ def add_parser(sub) -> None:
     p.add_argument("--gpu", type=int, default=0)
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=run_placement)
+    p = sub.add_parser("mig-env", help="write CUDA_VISIBLE_DEVICES=<UUID> of the MIG device at a position "
+                                       "(mig:GPU/SLOT) to a file: a service unit's ExecStartPre")
+    p.add_argument("position", help="mig:GPU/SLOT, or a MIG device UUID")
+    p.add_argument("file", help="the unit's EnvironmentFile (under /run/hkgpu-tune)")
+    p.set_defaults(run=run_mig_env)
 
 
 def run_mps(ctx: Context) -> int:
@@ -69,4 +75,31 @@ def run_placement(ctx: Context) -> int:
         ctx.line(f"GPU {args.gpu}: CPUs {format_cpulist(pl['cpus'])}, NUMA node {node} ({pl['source']})")
         for line in unit_lines(pl):
             ctx.line(f"  {line}")
+    return EXIT_OK
+
+
+def run_mig_env(ctx: Context) -> int:
+    """The unit of a service naming a MIG device by position runs this before the server (or the
+    MPS daemon): the layout the boot unit re-created has new UUIDs, the position finds the device."""
+    import os
+    import re
+    from hkgpu_tune.core.fsutil import atomic_write
+    from hkgpu_tune.serve.devices import MIG_RE, POS_WHAT, ENV_DIR, host_nvml, is_mig, resolve
+
+    args = ctx.args
+    if not is_mig(args.position):
+        raise HkError(f"mig-env: {args.position!r}: expected {POS_WHAT}, or a MIG device UUID")
+    path = os.path.abspath(args.file)
+    if os.path.dirname(path) != ENV_DIR or not re.fullmatch(r"mig-[A-Za-z0-9_.@-]{1,200}\.env", os.path.basename(path)):
+        raise HkError(f"mig-env: {args.file}: expected {ENV_DIR}/mig-<unit>.env")
+    nvml = host_nvml()
+    try:
+        uuid = resolve(nvml, args.position)
+    finally:
+        nvml.close()
+    if not re.fullmatch(MIG_RE, uuid):
+        raise HkError(f"mig-env: {args.position}: NVML gave {uuid!r}, not a MIG device UUID")
+    os.makedirs(ENV_DIR, mode=0o755, exist_ok=True)
+    atomic_write(path, f"CUDA_VISIBLE_DEVICES={uuid}\n", mode=0o644)
+    ctx.line(f"{args.position}: {uuid} -> {path}")
     return EXIT_OK

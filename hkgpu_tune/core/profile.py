@@ -472,6 +472,9 @@ def parse_profile_text(text: str, file: str = "<profile>") -> Profile:
     for key, node in m.items():
         if key in SECTIONS and not node.is_null():
             prof.sections[key] = _parser(key)(node)
+    if "gpu" in prof.sections and ("triton" in prof.sections or "mps" in prof.sections):
+        from hkgpu_tune.serve.devices import check_layout   # MIG positions against gpu.mig
+        check_layout(prof)
     return prof
 
 

@@ -83,8 +83,10 @@ def prepare_backends(t) -> str:
     return d
 
 
-def server_env(t) -> dict[str, str]:
-    """What the binary needs beyond the caller's environment (the wheel's libraries, the GPU)."""
+def server_env(t, backends=None, resolve: bool = True) -> dict[str, str]:
+    """What the binary needs beyond the caller's environment (the wheel's libraries, the GPU). A MIG
+    device named by position is resolved to its UUID now (resolve=False: left out, for a unit that
+    resolves it when it starts)."""
     env = {}
     if t.server == "pytriton":
         site = os.path.dirname(os.path.dirname(pytriton_root()))
@@ -95,17 +97,30 @@ def server_env(t) -> dict[str, str]:
         from hkgpu_tune.serve import batch_backend
         for k, v in batch_backend.server_env().items():
             env[k] = ":".join(dict.fromkeys([*env[k].split(":"), *v.split(":")])) if k == "PYTHONPATH" and k in env else v
-    if visible_gpus(t):   # NVML's numbering (PCI bus order), which the profile uses
+    if visible_gpus(t, resolve=False):   # NVML's numbering (PCI bus order), which the profile uses
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        env["CUDA_VISIBLE_DEVICES"] = visible_gpus(t)
+        if resolve or not mig_position(t):
+            env["CUDA_VISIBLE_DEVICES"] = visible_gpus(t, backends=backends)
     return env | mps_env(t)
 
 
-def visible_gpus(t, host: bool = False) -> str:
+def mig_position(t):
+    """The MIG device the service names by position (mig:GPU/SLOT), else None."""
+    from hkgpu_tune.serve.devices import is_mig_pos
+    m = getattr(t, "mig", None)
+    return m if m and is_mig_pos(m) else None
+
+
+def visible_gpus(t, host: bool = False, backends=None, resolve: bool = True) -> str:
     """The GPUs the server sees, '4,5,6,7' ('' for all); inside, they are 0..n-1 and the rendered
     configs use those numbers (devices.remap_gpus). An MPS client counts among the GPUs its daemon
     serves (the daemon's own CUDA_VISIBLE_DEVICES), not among all of the host's; `host`: the host's
-    numbers (a container runtime's --gpus). A MIG device is its UUID on both sides ('MIG-...')."""
+    numbers (a container runtime's --gpus). A MIG device is its UUID on both sides ('MIG-...'); one
+    named by position is resolved through NVML (resolve=False: the position as written)."""
+    pos = mig_position(t)
+    if pos and resolve:
+        from hkgpu_tune.serve.devices import host_nvml, resolve as resolve_mig
+        return resolve_mig(host_nvml(backends), pos)
     gpus = getattr(t, "gpus", None)
     if gpus is None:
         gpus = () if t.gpu is None else (t.gpu,)
@@ -176,15 +191,21 @@ def parent_gpu(backends, uuid: str) -> int:
 
 
 # ---------------------------------------------------------------- the three forms
-def container_argv(t, place: dict, detach: bool = False) -> list[str]:
-    """docker/podman run for the NGC-style image: GPU, host network, memlock, shm, cpuset, repo read-only."""
+UNIT_MIG_DEVICE = "device=${CUDA_VISIBLE_DEVICES}"   # a unit's --gpus for a MIG position (mig-env's file)
+
+
+def container_argv(t, place: dict, detach: bool = False, backends=None, resolve: bool = True) -> list[str]:
+    """docker/podman run for the NGC-style image: GPU, host network, memlock, shm, cpuset, repo read-only.
+    A MIG position: its UUID now, or (resolve=False, a unit) the unit's variable."""
     if not t.image:
         raise HkError("triton: the container form needs 'image'")
     argv = [t.runtime, "run", "--rm", "--name", t.unit]
     if detach:
         argv.append("--detach")
-    if visible_gpus(t, host=True):   # docker's form for a set: --gpus '"device=2,3"'
-        devs = visible_gpus(t, host=True)
+    if mig_position(t) and not resolve:
+        argv += ["--gpus", UNIT_MIG_DEVICE]
+    elif visible_gpus(t, host=True, resolve=False):   # docker's form for a set: --gpus '"device=2,3"'
+        devs = visible_gpus(t, host=True, backends=backends)
         argv += ["--gpus", f"device={devs}" if "," not in devs else f'"device={devs}"']
     argv += ["--network", "host", "--ulimit", "memlock=-1", "--ulimit", "stack=67108864",
              "--shm-size", t.shm_size]
@@ -205,11 +226,11 @@ def container_argv(t, place: dict, detach: bool = False) -> list[str]:
     return argv + server_args(t, CONTAINER_REPO)
 
 
-def command(t, place: dict | None = None) -> list[str]:
+def command(t, place: dict | None = None, backends=None, resolve: bool = True) -> list[str]:
     """The full argv the service runs, in its launch form."""
-    place = place if place is not None else placement(t)
+    place = place if place is not None else placement(t, backends)
     if t.launch == "container":
-        return container_argv(t, place)
+        return container_argv(t, place, backends=backends, resolve=resolve)
     return [server_binary(t)] + server_args(t)
 
 
@@ -226,8 +247,11 @@ DEFAULT_USER = "triton-server"
 def render_unit(t, place: dict | None = None) -> str:
     """The systemd unit of the service (binary or container form)."""
     place = place if place is not None else placement(t)
-    argv = command(t, place)
+    pos = mig_position(t)      # resolved to its UUID each time the unit starts, not now
+    argv = command(t, place, resolve=False)
     after = ["network-online.target", "nvidia-persistenced.service"]
+    if pos:   # the boot unit re-creates the MIG layout first
+        after.append("hkgpu-tune.service")
     wants = ["network-online.target"]
     if getattr(t, "mps", None) is not None:   # its clients need the MPS daemon up first
         after.append(t.mps.unit)
@@ -238,8 +262,11 @@ def render_unit(t, place: dict | None = None) -> str:
     if t.launch == "binary":
         user = unitfile.value(t.user or DEFAULT_USER, "triton.user")
         lines += [f"User={user}", f"Group={user}"]
-        for k, v in sorted(server_env(t).items()):
+        for k, v in sorted(server_env(t, resolve=False).items()):
             lines.append(f"Environment={unitfile.environment(k, v)}")
+        if pos:
+            from hkgpu_tune.serve.devices import start_lines
+            lines += start_lines(pos, t.unit)
         lines += [f"ReadOnlyPaths={unitfile.path(t.model_repository, 'triton.model_repository')}",
                   "ReadWritePaths=/dev/shm"]
         for d in dict.fromkeys(mps_env(t).values()):  # visible (PrivateTmp) and writable (ProtectSystem)
@@ -250,7 +277,12 @@ def render_unit(t, place: dict | None = None) -> str:
     else:  # the runtime needs root; the server inside runs as the image's or the profile's user
         rt = records.runtime_path(t.runtime, required=False)
         lines.append("ExecStartPre=-" + unitfile.exec_line([rt, "rm", "--force", t.unit]))
-        lines.append("ExecStart=" + unitfile.exec_line([rt] + argv[1:], "triton container"))
+        start = unitfile.exec_line([rt] + argv[1:], "triton container")
+        if pos:   # systemd expands ${CUDA_VISIBLE_DEVICES} from the file mig-env wrote
+            from hkgpu_tune.serve.devices import start_lines
+            lines += start_lines(pos, t.unit)
+            start = start.replace(unitfile.word(UNIT_MIG_DEVICE), UNIT_MIG_DEVICE)
+        lines.append("ExecStart=" + start)
         lines.append("ExecStop=" + unitfile.exec_line(
             [rt, "stop", "--time", str(int(t.gate.stop_timeout_s) + STOP_GRACE_S), t.unit]))
         # systemd ends the foreground `run` once ExecStop returns, before its --rm has removed the

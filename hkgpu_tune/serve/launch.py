@@ -102,9 +102,9 @@ def process_record(t) -> dict | None:
     return st if _alive(st) else None
 
 
-def launched_as(t) -> dict:
+def launched_as(t, backends=None) -> dict:
     """What a process started now would get: argv and the environment added to ours."""
-    return {"argv": command(t), "env": server_env(t) if t.launch == "binary" else {}}
+    return {"argv": command(t, backends=backends), "env": server_env(t, backends) if t.launch == "binary" else {}}
 
 
 def explicit(t, backends=None) -> bool:
@@ -244,13 +244,13 @@ def start(t, backends=None, place: dict | None = None) -> dict:
         _b(backends).systemd.enable(unit_name(t), now=True)
         return status(t, backends)
     check_ports(t)
-    argv = command(t, place)
+    argv = command(t, place, backends)     # a MIG position: its UUID now
     if t.launch == "container":
         try:
             argv[0] = records.runtime_path(t.runtime)
         except HkError:
             raise UnsupportedError(f"triton: container runtime {t.runtime} not found") from None
-    added = server_env(t) if t.launch == "binary" else {}
+    added = server_env(t, backends) if t.launch == "binary" else {}
     user = user if t.launch == "binary" else None
     _spawn(ServiceRef.of(t, backends), argv, added, user, t.launch, place)
     return status(t, backends) | {"argv": argv, "log": os.path.join(t.run_dir, LOG_FILE)}

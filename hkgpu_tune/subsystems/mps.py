@@ -63,15 +63,17 @@ def _abs_dir(n):
 
 
 def _parse_gpus(n) -> tuple[int | str, ...] | None:
-    """`all`, a list of GPU indices, or one MIG device by its UUID ([MIG-...]): NVIDIA's MIG user guide
-    runs one MPS control daemon per MIG device, with CUDA_VISIBLE_DEVICES set to it."""
+    """`all`, a list of GPU indices, or one MIG device by position ([mig:GPU/SLOT]) or UUID ([MIG-...]):
+    NVIDIA's MIG user guide runs one MPS control daemon per MIG device, with CUDA_VISIBLE_DEVICES set to it."""
     import yaml
-    from hkgpu_tune.serve.devices import MIG_RE
+    from hkgpu_tune.serve.devices import MIG_RE, mig_ref
     items = n.items() if isinstance(n.node, yaml.SequenceNode) else [n]
-    if any(isinstance(i.node, yaml.ScalarNode) and str(i.node.value).startswith("MIG-") for i in items):
+    if any(isinstance(i.node, yaml.ScalarNode) and str(i.node.value).startswith(("MIG-", "mig:")) for i in items):
         if len(items) != 1:
-            raise n.error("one MIG device per MPS daemon (gpus: [MIG-...]): NVIDIA's MIG user guide runs a "
-                          "control daemon per MIG device")
+            raise n.error("one MIG device per MPS daemon (gpus: [mig:GPU/SLOT] or [MIG-...]): NVIDIA's MIG user "
+                          "guide runs a control daemon per MIG device")
+        if str(items[0].node.value).startswith("mig:"):
+            return (mig_ref(items[0]),)
         return (items[0].string(MIG_RE, "a MIG device UUID (MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"),)
     return parse_gpus(n)
 
@@ -124,8 +126,13 @@ def to_bytes(size: str | None) -> int | None:
 
 
 def render_unit(cfg: MpsProfile, exe: str = f"/usr/bin/{CONTROL}", gpus=None) -> str:
-    """The systemd unit that runs the MPS control daemon with this profile's settings."""
+    """The systemd unit that runs the MPS control daemon with this profile's settings. A MIG device
+    named by position is resolved to its UUID each time the unit starts (devices.start_lines)."""
+    from hkgpu_tune.serve.devices import is_mig_pos, start_lines
+    pos = gpus[0] if gpus and is_mig_pos(gpus[0]) else None
     env = mps_env(cfg.pipe_dir, cfg.log_dir, gpus)
+    if pos:
+        env.pop("CUDA_VISIBLE_DEVICES")
     post = [f"set_default_active_thread_percentage {cfg.default_active_thread_percentage}"] \
         if cfg.default_active_thread_percentage else []
     post += [f"set_default_device_pinned_mem_limit {d} {s}" for d, s in cfg.default_pinned_mem_limit]
@@ -134,13 +141,14 @@ def render_unit(cfg: MpsProfile, exe: str = f"/usr/bin/{CONTROL}", gpus=None) ->
         "# Rendered by hkgpu-tune (mps subsystem); changes here are reported as drift.",
         "[Unit]",
         "Description=NVIDIA CUDA MPS control daemon",
-        "After=nvidia-persistenced.service",
+        "After=nvidia-persistenced.service" + (" hkgpu-tune.service" if pos else ""),
         "Wants=nvidia-persistenced.service",
         "",
         "[Service]",
         "Type=forking",
         f"User={unitfile.value(cfg.user, 'mps.user')}",
         *[f"Environment={unitfile.environment(k, v)}" for k, v in env.items()],
+        *(start_lines(pos, cfg.unit.removesuffix(".service")) if pos else []),
         *_unit_dir_lines(cfg),
         f"ExecStart={x([exe, '-d'])}",
         *[f"ExecStartPost={x(['/bin/sh', '-c', f'echo {c} | {q(exe)}'])}" for c in post],
@@ -204,6 +212,19 @@ class Plugin(Subsystem):
         from hkgpu_tune.serve.devices import is_mig
         g = self.cfg.gpus
         return g[0] if g and is_mig(g[0]) else None
+
+    def _served(self, strict: bool = False):
+        """The GPUs the daemon serves as CUDA_VISIBLE_DEVICES names them: a MIG position resolved to
+        its UUID now (strict: HkError where there is none; else the position as written)."""
+        from hkgpu_tune.serve.devices import is_mig_pos, resolve
+        g = self.cfg.gpus
+        if g and is_mig_pos(g[0]):
+            try:
+                return (resolve(self.b.nvml, g[0]),)
+            except HkError:
+                if strict:
+                    raise
+        return g
 
     def _gpus(self):
         """Indices MPS serves (None = all) and the compute modes of those GPUs, or a reason."""
@@ -320,7 +341,7 @@ class Plugin(Subsystem):
         c = self.cfg
         want = {"user": c.user, "log_dir": c.log_dir}
         if c.gpus is not None:
-            want["gpus"] = ",".join(str(g) for g in c.gpus)
+            want["gpus"] = ",".join(str(g) for g in self._served())
         have = {k: run.get(k) for k in want}
         cur, des = _settings(have), _settings(want)
         if have == want:
@@ -395,7 +416,7 @@ class Plugin(Subsystem):
         if use_systemd:
             self.b.systemd.enable(c.unit)
         elif not self.mps.alive(c.pipe_dir):
-            self.mps.start(c.pipe_dir, c.log_dir, gpus=c.gpus, user=c.user)
+            self.mps.start(c.pipe_dir, c.log_dir, gpus=self._served(strict=True), user=c.user)
         self.configure()
         return self.mps.health(c.pipe_dir)
 

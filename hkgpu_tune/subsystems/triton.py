@@ -140,7 +140,11 @@ class Service(Subsystem):
         if state["service"]["active"]:
             if state["ref"]["supervisor"] == "process":
                 rec = launch.process_record(t) or {}
-                state["process"] = {"argv": rec.get("argv"), "env": rec.get("env", {}), "want": launch.launched_as(t),
+                try:    # a MIG position resolved now: where it names nothing, the mig row says so
+                    want = launch.launched_as(t, self.b)
+                except HkError as e:
+                    want = {"error": str(e)}
+                state["process"] = {"argv": rec.get("argv"), "env": rec.get("env", {}), "want": want,
                                     "record": launch.respawn_record(rec)}
             with client.Client(t.http.host, t.http.port, timeout=5) as c:
                 state["server_ready"] = c.ready()
