@@ -21,6 +21,7 @@ def add_parser(sub) -> None:
                                        "(mig:GPU/SLOT) to a file: a service unit's ExecStartPre")
     p.add_argument("position", help="mig:GPU/SLOT, or a MIG device UUID")
     p.add_argument("file", help="the unit's EnvironmentFile (under /run/hkgpu-tune)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=run_mig_env)
 
 
@@ -101,5 +102,8 @@ def run_mig_env(ctx: Context) -> int:
         raise HkError(f"mig-env: {args.position}: NVML gave {uuid!r}, not a MIG device UUID")
     os.makedirs(ENV_DIR, mode=0o755, exist_ok=True)
     atomic_write(path, f"CUDA_VISIBLE_DEVICES={uuid}\n", mode=0o644)
-    ctx.line(f"{args.position}: {uuid} -> {path}")
+    if args.json:
+        ctx.dump({"position": args.position, "uuid": uuid, "file": path}, profile=None)
+    else:
+        ctx.line(f"{args.position}: {uuid} -> {path}")
     return EXIT_OK

@@ -413,6 +413,10 @@ SECTIONS: dict[str, str] = {
 }
 
 
+# checks across sections once all are parsed: (sections that must be there, "module:function(profile)")
+CROSS_CHECKS = [(("gpu",), "hkgpu_tune.serve.devices:check_layout")]   # MIG positions against gpu.mig
+
+
 def _parser(name: str) -> Callable[[Node], Any]:
     """The section's parser, imported only when the profile has that section."""
     mod, func = SECTIONS[name].split(":")
@@ -472,9 +476,10 @@ def parse_profile_text(text: str, file: str = "<profile>") -> Profile:
     for key, node in m.items():
         if key in SECTIONS and not node.is_null():
             prof.sections[key] = _parser(key)(node)
-    if "gpu" in prof.sections and ("triton" in prof.sections or "mps" in prof.sections):
-        from hkgpu_tune.serve.devices import check_layout   # MIG positions against gpu.mig
-        check_layout(prof)
+    for need, ref in CROSS_CHECKS:
+        if all(k in prof.sections for k in need):
+            mod, func = ref.split(":")
+            getattr(importlib.import_module(mod), func)(prof)
     return prof
 
 

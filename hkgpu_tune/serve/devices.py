@@ -102,9 +102,10 @@ def start_lines(ref, unit: str) -> list[str]:
     (ExecStart) reads; '-': absent before the first start. After= the boot unit, which re-creates
     the layout."""
     from hkgpu_tune.core import unitfile
-    from hkgpu_tune.tune.persist import entry_point
+    from hkgpu_tune.core.paths import entry_point
     f = env_file(unit)
-    return [f"ExecStartPre=+{unitfile.exec_line([*entry_point(), 'mig-env', str(ref), f], 'mig-env command')}",
+    exe = entry_point("hkgpu-tune entry point for a MIG service unit")
+    return [f"ExecStartPre=+{unitfile.exec_line([*exe, 'mig-env', str(ref), f], 'mig-env command')}",
             f"EnvironmentFile=-{unitfile.path(f, 'MIG environment file')}"]
 
 
@@ -130,8 +131,9 @@ def check_layout(profile) -> None:
 
 
 def named_positions(profile) -> list[MigPos]:
-    from hkgpu_tune.serve.config import each
-    out = [g for t in each(profile.section("triton")) for g in (t.gpus or ()) if isinstance(g, MigPos)]
+    t = profile.section("triton")
+    every = tuple(t) if isinstance(t, tuple) else ((t,) if t is not None else ())   # triton.services: each
+    out = [g for one in every for g in (one.gpus or ()) if isinstance(g, MigPos)]
     mps = profile.section("mps")
     out += [g for g in (getattr(mps, "gpus", None) or ()) if isinstance(g, MigPos)]
     return out

@@ -12,13 +12,13 @@ import hashlib
 import os
 import re
 import stat
-import sys
 
 import yaml
 
 from hkgpu_tune.core.errors import HkError, ProfileError, StateError
 from hkgpu_tune.core import unitfile
 from hkgpu_tune.core.fsutil import atomic_write, check_trusted, fsync_dir
+from hkgpu_tune.core.paths import entry_point  # noqa: F401 (persist.entry_point: the boot unit's command)
 from hkgpu_tune.tune.journal import Journal
 from hkgpu_tune.core.yamlnode import load_yaml_doc
 from hkgpu_tune.core.report import Change
@@ -346,22 +346,6 @@ def sysctl_conf(profile, results) -> str:
         else:
             lines.append(f"{s.key} = {s.value}")
     return "\n".join(lines) + "\n"
-
-
-def entry_point() -> list[str]:
-    """The installed command by absolute path, never looked up on PATH at boot: the console script
-    this process runs as, else the one installed beside this interpreter, else `python -m`. Each
-    must pass the trust rule (root runs it at every boot)."""
-    cands = []
-    if os.path.basename(sys.argv[0] or "") == "hkgpu-tune" and os.path.isabs(sys.argv[0]):
-        cands.append([sys.argv[0]])
-    cands += [[os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "hkgpu-tune")],
-              [os.path.abspath(sys.executable), "-m", "hkgpu_tune"]]
-    for argv in cands:
-        if os.path.isfile(argv[0]) and os.access(argv[0], os.X_OK):
-            check_trusted(argv[0], "hkgpu-tune entry point for the boot unit")
-            return argv
-    raise HkError("persist: no hkgpu-tune entry point found by absolute path")
 
 
 def device_unit(ifname: str) -> str:
