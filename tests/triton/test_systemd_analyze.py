@@ -106,6 +106,34 @@ def test_triton_container_unit(tmp_path, runtime):
     assert missing <= {runtime, f"/usr/bin/{runtime}"}, missing    # only when this host has no such runtime
 
 
+@pytest.mark.skipif(not HAVE_PYTRITON, reason="needs the nvidia-pytriton wheel (the binary the unit runs)")
+@pytest.mark.parametrize("form", ["binary", "container"])
+def test_triton_unit_on_a_mig_position(tmp_path, form):
+    """A MIG device named by position: ExecStartPre (as root) writes its UUID of the moment to the
+    EnvironmentFile that ExecStart reads (the container's --gpus through ${CUDA_VISIBLE_DEVICES})."""
+    top = {"launch": "container", "image": "localhost/tritonserver:test", "runtime": "podman"} \
+        if form == "container" else {"user": "triton-server"}
+    t = triton(tmp_path, gpu="mig:0/1", unit=f"hkgpu-triton-{form}", **top)
+    text = launch.render_unit(t, PLACE)
+    assert f"EnvironmentFile=-/run/hkgpu-tune/mig-hkgpu-triton-{form}.env" in text.splitlines()
+    assert any(x.startswith("ExecStartPre=+") and x.endswith(f"mig-env mig:0/1 /run/hkgpu-tune/mig-hkgpu-triton-{form}.env")
+               for x in text.splitlines()), text
+    other, missing = analyze(tmp_path, {f"hkgpu-triton-{form}.service": text})
+    assert other == []
+    assert missing <= {"podman", "/usr/bin/podman"}, missing
+
+
+def test_mps_unit_on_a_mig_position(tmp_path):
+    prof = parse_profile_text("mps:\n  pipe_dir: /run/nvidia-mps\n  log_dir: /var/log/nvidia-mps\n  gpus: [mig:0/0]\n",
+                              str(tmp_path / "p.yaml"))
+    cfg = prof.section("mps")
+    text = mps.render_unit(cfg, gpus=cfg.gpus)
+    assert "mig-env mig:0/0 /run/hkgpu-tune/mig-nvidia-mps.env" in text
+    other, missing = analyze(tmp_path, {"nvidia-mps.service": text})
+    assert other == []
+    assert missing <= {f"/usr/bin/{mps.CONTROL}"}, missing
+
+
 @pytest.mark.parametrize("dirs", [("/run/nvidia-mps", "/var/log/nvidia-mps"), ("/tmp/mps-pipe", "/tmp/mps-log")],
                          ids=["systemd-dirs", "tmp-dirs"])
 def test_mps_unit(tmp_path, dirs):
