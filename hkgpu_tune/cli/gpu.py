@@ -105,5 +105,6 @@ def run_mig_env(ctx: Context) -> int:
     if args.json:
         ctx.dump({"position": args.position, "uuid": uuid, "file": path}, profile=None)
     else:
-        ctx.line(f"{args.position}: {uuid} -> {path}")
+        for k, v in (("position", args.position), ("uuid", uuid), ("file", path)):   # 80 columns
+            ctx.line(f"{k}: {v}")
     return EXIT_OK

@@ -214,7 +214,8 @@ def _nic_checks(cfg: HealthConfig, counters: dict | None, err: str | None, prev:
 
 
 def named_mig(profile) -> list[str]:
-    """The MIG device UUIDs the profile names (triton.gpu, mps.gpus), in that order."""
+    """The MIG devices the profile names (triton.gpu, mps.gpus: UUIDs or mig:GPU/SLOT positions),
+    in that order."""
     from hkgpu_tune.serve.config import each
     from hkgpu_tune.serve.devices import is_mig
     out: list[str] = []
