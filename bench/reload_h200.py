@@ -67,6 +67,7 @@ def profile(i: int, count=4, delay_us=2000, weights=None, p99_ms=None, fp16=Fals
         build["weights"] = weights
     doc = {"name": "reload-h200", "triton": {
         "server": "pytriton", "model_repository": f"{WORK}/models", "run_dir": f"{WORK}/run", "gpu": 0,
+        "user": "root",   # named: the GPU machine has no unprivileged server user
         "http": {"port": PORT}, "grpc": {"port": PORT + 1}, "metrics": {"port": PORT + 2},
         "models": [{
             "name": "resnet50", "platform": "tensorrt_plan", "max_batch_size": SERVED["max_batch"],
@@ -206,7 +207,8 @@ def main() -> int:
         log(f"{name}: rc={r.returncode} in {t1 - t0:.1f} s errors={errs}\n{r.stdout[-800:]}")
         time.sleep(2)
         out = r.stdout + r.stderr
-        gate_mode = "live" if "judged by live traffic" in out else "load" if "judged by the gate's own load" in out else None
+        flat = " ".join(out.split())   # the CLI wraps its notes
+        gate_mode = "live" if "judged by live traffic" in flat else "load" if "judged by the gate's own load" in flat else None
         st = {"rc": r.returncode, "expected_rc": expect_rc, "seconds": round(t1 - t0, 1), "error_lines": errs,
               "gate_mode": gate_mode, "gate_lines": [ln.strip()[:600] for ln in out.splitlines() if "gate" in ln][:3],
               "traceback": "Traceback" in r.stdout + r.stderr, "pids_after": server_pids()}

@@ -526,6 +526,8 @@ def summarise(rec: dict) -> dict:
 
     def ratio(a, b):
         return round(a / b, 2) if a and b else None
+    eng = limit.get("engine") or {}
+    rec["engine"] = None if not eng else "compiled" if eng.get("compile") else "eager"
     sw = tuned.get("sweep") or {}
     n_configs = len(sw.get("points") or [])
     rec["config_source"] = "sweep" if n_configs > 1 else "given" if n_configs == 1 else None
