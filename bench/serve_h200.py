@@ -291,7 +291,8 @@ def serve_and_measure(args, prof: str, t, model, res: dict, mps: bool) -> None:
             res["plain"] = max(ok, key=lambda x: x["concurrency"]) if ok else None
             log(f"headline load (the plain client's highest within p99 {args.slo_ms:g} ms): "
                 f"{args.concurrency_final} in flight" if ok else "the plain client held the SLO at no level")
-        spec = sweep.spec_for(t, model, args.concurrency_final, args.final_seconds, args.processes, args.shm)
+        spec = sweep.spec_for(t, model, args.concurrency_final, args.final_seconds, args.processes, args.shm,
+                              args.protocol)
         loadgen.run(dataclasses.replace(spec, duration_s=3, warmup_s=1))   # warm the connections and batcher
         sampler = GpuSampler().start()
         r = loadgen.run(spec)
@@ -415,7 +416,7 @@ def run_tuned(args, workdir: str, res: dict) -> None:
         for i, (mps, grid) in enumerate(runs):
             budget = (args.sweep_budget_s - spent) / (len(runs) - i)
             rep = sweep.run(t, args.model, grid, args.select_p99_ms, budget, duration_s=args.sweep_seconds,
-                            processes=args.processes, shm=args.shm, log=log, verbose=True)
+                            processes=args.processes, shm=args.shm, log=log, verbose=True, protocol=args.protocol)
             spent += rep.seconds
             if merged is None:
                 merged = rep
@@ -614,6 +615,8 @@ def main() -> int:
                          "load is the highest whose p99 it measures within --slo-ms (default: the sweep's level)")
     ap.add_argument("--plain-seconds", type=float, default=8)
     ap.add_argument("--plain-processes", type=int, help="the plain client's processes (default: one per 4 in flight)")
+    ap.add_argument("--protocol", choices=("http", "grpc"), default="http",
+                    help="the sweep's and the tuned load's protocol (HTTP with binary tensors, or gRPC)")
     ap.add_argument("--protocols", type=lambda v: [x for x in v.split(",") if x], default=[],
                     help="at the headline load, the load generator and an independent client over each of these "
                          "protocols (http,grpc)")
