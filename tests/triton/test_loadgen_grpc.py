@@ -5,6 +5,10 @@ Which of the two is faster at a load is a bench question (bench/serve_h200.py --
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
+import subprocess
+import sys
 
 import pytest
 
@@ -13,6 +17,7 @@ from hkgpu_tune.core.profile import load_profile
 from hkgpu_tune.serve import client, launch, loadgen, plain_grpc, render, sweep
 
 from .conftest import dump, free_ports, needs_server, profile_dict
+from .test_reload_under_load import ROOT
 
 pytestmark = [needs_server, pytest.mark.slow]
 
@@ -63,3 +68,28 @@ def test_bad_grpc_settings_are_one_line(served, change, msg):
     spec = dataclasses.replace(sweep.spec_for(served, served.model("doubler"), 4, 1.0, 1, False, "grpc"), **change)
     with pytest.raises(HkError, match=msg):
         loadgen.run(spec)
+
+
+def sweep_cli(*args, timeout=240):
+    return subprocess.run([sys.executable, "-m", "hkgpu_tune", "triton", "sweep", *args], capture_output=True,
+                          text=True, timeout=timeout, env=dict(os.environ, PYTHONPATH=ROOT), cwd=ROOT)
+
+
+def test_sweep_over_grpc_is_checked_by_the_grpc_client(tmp_path):
+    """`triton sweep --protocol grpc` as users run it: its loads go over gRPC, and the check beside
+    its choice runs tritonclient's own gRPC client."""
+    p = tmp_path / "p.yaml"
+    p.write_text(dump(profile_dict(tmp_path, free_ports(3), delay_us=500)))
+    r = sweep_cli("-p", str(p), "--instances", "1", "--concurrency", "4", "--duration-s", "1", "--budget-s", "60",
+                  "--slo-ms", "2000", "--protocol", "grpc", "--json")
+    assert r.returncode == 0, r.stdout[-1500:] + r.stderr[-1500:]
+    out = json.loads(r.stdout)
+    assert out["transport"] == "grpc" and all(x["transport"] == "grpc" for x in out["points"][0]["loads"]), out
+    assert out["check"]["plain"]["client"] == "plain-grpc" and out["check"]["plain"]["errors"] == 0, out["check"]
+
+
+def test_sweep_refuses_grpc_with_shm(tmp_path):
+    p = tmp_path / "p.yaml"
+    p.write_text(dump(profile_dict(tmp_path, free_ports(3))))
+    r = sweep_cli("-p", str(p), "--protocol", "grpc", "--shm", "--slo-ms", "20", timeout=60)
+    assert r.returncode == 1 and "leave out --shm" in r.stderr + r.stdout and "Traceback" not in r.stderr, r.stderr
