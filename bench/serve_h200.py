@@ -283,7 +283,16 @@ def serve_and_measure(args, prof: str, t, model, res: dict, mps: bool) -> None:
                              for r in json.loads(v.stdout).get("results", [])]
         except ValueError:
             res["verify"] = v.stdout[-800:] + v.stderr[-800:]
-        spec = sweep.spec_for(t, model, args.concurrency_final, args.final_seconds, args.processes, args.shm)
+        if args.plain_levels:   # the headline's load: the highest where the independent client holds the SLO
+            res["plain_ladder"] = plain_ladder(args, t, model)
+            ok = [x for x in res["plain_ladder"] if x["errors"] == 0 and x["p99_ms"] <= args.slo_ms]
+            if ok:
+                args.concurrency_final = max(ok, key=lambda x: x["concurrency"])["concurrency"]
+            res["plain"] = max(ok, key=lambda x: x["concurrency"]) if ok else None
+            log(f"headline load (the plain client's highest within p99 {args.slo_ms:g} ms): "
+                f"{args.concurrency_final} in flight" if ok else "the plain client held the SLO at no level")
+        spec = sweep.spec_for(t, model, args.concurrency_final, args.final_seconds, args.processes, args.shm,
+                              args.protocol)
         loadgen.run(dataclasses.replace(spec, duration_s=3, warmup_s=1))   # warm the connections and batcher
         sampler = GpuSampler().start()
         r = loadgen.run(spec)
@@ -291,6 +300,8 @@ def serve_and_measure(args, prof: str, t, model, res: dict, mps: bool) -> None:
         res["load"], res["gpu"] = r, gpu
         log(f"tuned ({'MPS' if mps else 'no MPS'}), {args.concurrency_final} in flight: {loadgen.line(r)}; "
             f"GPU {gpu.get('gpu_util_pct')}%")
+        if args.protocols:
+            res["protocols"] = protocols(args, t, model, spec)
         if args.naive_rate:
             o = loadgen.run(dataclasses.replace(spec, rate=args.naive_rate, concurrency=512,
                                                 duration_s=args.naive_seconds))
@@ -313,6 +324,65 @@ def serve_and_measure(args, prof: str, t, model, res: dict, mps: bool) -> None:
     finally:
         s = hk("triton", "stop", "-p", prof, "--json")
         res["stop_exit"] = s.returncode
+
+
+def plain_ladder(args, t, model) -> list[dict]:
+    """The independent plain client (hkgpu_tune.serve.plain: standard library only, no code shared with
+    the load generator) at each level, ascending, with NVML sampled over its window; stops at the
+    first level over the SLO once one held."""
+    from hkgpu_tune.serve import client, plain
+    req = [(n, dt, shape) for n, dt, shape, _ in client.request_for(model)]
+    out = []
+    for conc in args.plain_levels:
+        sampler = GpuSampler().start()
+        t0 = time.time()
+        r = plain.run(t.http.host, t.http.port, model.name, req, conc, processes=args.plain_processes or
+                      loadgen.processes_for(conc, None), duration_s=args.plain_seconds)
+        w0 = t0 + 1.0 + 0.05 * r["processes"] + 1.0   # plain.run's window
+        gpu = sampler.stop([w0, w0 + args.plain_seconds])
+        r["gpu_util_pct"] = gpu.get("gpu_util_pct")
+        out.append(r)
+        log(f"plain client, {conc} in flight: {r['img_s']:.0f} img/s, p50 {r['p50_ms']:.2f} ms, p99 "
+            f"{r['p99_ms']:.2f} ms, max {r['max_ms']:.1f} ms, {r['errors']} errors, GPU {r['gpu_util_pct']}%, "
+            f"client CPU {r['client_cpu_cores']} cores")
+        if r["errors"] or (r["p99_ms"] > args.slo_ms and any(x["p99_ms"] <= args.slo_ms for x in out)):
+            break
+    return out
+
+
+def protocols(args, t, model, spec) -> dict:
+    """At the headline's load: the load generator over HTTP and over gRPC, and each against an
+    independent client of the same protocol (plain: http.client; plain_grpc: tritonclient's own)."""
+    from hkgpu_tune.serve import client, plain, plain_grpc
+    req = [(n, dt, shape) for n, dt, shape, _ in client.request_for(model)]
+    conc, secs = spec.concurrency, args.protocol_seconds
+    out = {}
+    for proto in args.protocols:
+        lg_spec = dataclasses.replace(spec, protocol=proto, grpc_port=t.grpc.port, duration_s=secs, shm=False,
+                                      request=spec.request or client.request_for(model))
+        sampler = GpuSampler().start()
+        lg = loadgen.run(lg_spec)
+        lg["gpu_util_pct"] = sampler.stop(lg.get("window")).get("gpu_util_pct")
+        sampler = GpuSampler().start()
+        t0 = time.time()
+        if proto == "grpc":
+            pl = plain_grpc.run(t.grpc.host, t.grpc.port, model.name, req, conc, processes=spec.processes,
+                                duration_s=secs)
+            w0 = t0 + 1.5 + 0.05 * pl["processes"] + 1.0
+        else:
+            pl = plain.run(t.http.host, t.http.port, model.name, req, conc, processes=spec.processes, duration_s=secs)
+            w0 = t0 + 1.0 + 0.05 * pl["processes"] + 1.0
+        pl["gpu_util_pct"] = sampler.stop([w0, w0 + secs]).get("gpu_util_pct")
+        keep = ("img_s", "p50_ms", "p99_ms", "max_ms", "errors", "processes", "client_cpu_cores", "gpu_util_pct")
+        out[proto] = {"concurrency": conc, "seconds": secs,
+                      "loadgen": {k: lg.get(k) for k in keep + ("client_bound", "transport", "server")},
+                      "independent": {"client": pl["client"], **{k: pl.get(k) for k in keep}},
+                      "img_s_ratio": round(lg["img_s"] / pl["img_s"], 3) if pl["img_s"] else None,
+                      "p99_ratio": round(lg["p99_ms"] / pl["p99_ms"], 3) if pl["p99_ms"] else None}
+        log(f"{proto}, {conc} in flight: load generator {lg['img_s']:.0f} img/s p99 {lg['p99_ms']:.2f} ms GPU "
+            f"{lg['gpu_util_pct']}%; {pl['client']} {pl['img_s']:.0f} img/s p99 {pl['p99_ms']:.2f} ms GPU "
+            f"{pl['gpu_util_pct']}% (img/s ratio {out[proto]['img_s_ratio']})")
+    return out
 
 
 def triton_section(path: str):
@@ -346,7 +416,7 @@ def run_tuned(args, workdir: str, res: dict) -> None:
         for i, (mps, grid) in enumerate(runs):
             budget = (args.sweep_budget_s - spent) / (len(runs) - i)
             rep = sweep.run(t, args.model, grid, args.select_p99_ms, budget, duration_s=args.sweep_seconds,
-                            processes=args.processes, shm=args.shm, log=log, verbose=True)
+                            processes=args.processes, shm=args.shm, log=log, verbose=True, protocol=args.protocol)
             spent += rep.seconds
             if merged is None:
                 merged = rep
@@ -457,6 +527,19 @@ def summarise(rec: dict) -> dict:
 
     def ratio(a, b):
         return round(a / b, 2) if a and b else None
+    eng = limit.get("engine") or {}
+    rec["engine"] = None if not eng else "compiled" if eng.get("compile") else "eager"
+    sw = tuned.get("sweep") or {}
+    n_configs = len(sw.get("points") or [])
+    rec["config_source"] = "sweep" if n_configs > 1 else "given" if n_configs == 1 else None
+    rec["sweep_configs"] = n_configs
+    pl = tuned.get("plain") or {}
+    rec["plain_img_s"], rec["plain_p99_ms"] = pl.get("img_s"), pl.get("p99_ms")
+    rec["plain_gpu_util_pct"], rec["plain_concurrency"] = pl.get("gpu_util_pct"), pl.get("concurrency")
+    rec["plain_x_limit"] = round(pl["img_s"] / rec["limit_img_s"], 3) if pl.get("img_s") and rec["limit_img_s"] else None
+    rec["plain_x_naive"] = round(pl["img_s"] / rec["naive_img_s"], 1) if pl.get("img_s") and rec["naive_img_s"] else None
+    if tuned.get("protocols"):
+        rec["protocols"] = tuned["protocols"]
     rec["throughput_x_naive"] = ratio(rec["tuned_img_s"], rec["naive_img_s"])
     rec["x_limit"] = ratio(rec["tuned_img_s"], rec["limit_img_s"])
     rec["p99_cut_at_naive_load_pct"] = (round(100 * (1 - rec["tuned_p99_at_naive_load_ms"] / rec["naive_sat_p99_ms"]), 1)
@@ -465,6 +548,11 @@ def summarise(rec: dict) -> dict:
         v = rec.get(k)
         ok = None if v is None else (v <= target if k in ("tuned_p99_ms", "launch_to_ready_s") else v >= target)
         checks[k] = {"value": v, "target": target, "pass": ok}
+    for k, target, low in (("plain_x_limit", TARGETS["x_limit"], False), ("plain_p99_ms", TARGETS["tuned_p99_ms"], True),
+                           ("plain_gpu_util_pct", TARGETS["gpu_util_pct"], False),
+                           ("plain_x_naive", TARGETS["throughput_x_naive"], False)):
+        v = rec.get(k)
+        checks[k] = {"value": v, "target": target, "pass": None if v is None else (v <= target if low else v >= target)}
     rec["targets"] = checks
     # the service against the sweep's own figure for the same config and load: far below it, the
     # service is not running what was measured (a --write that dropped a setting did exactly that)
@@ -522,6 +610,17 @@ def main() -> int:
     ap.add_argument("--final-seconds", type=float, default=15)
     ap.add_argument("--naive-seconds", type=float, default=8)
     ap.add_argument("--naive-concurrency", type=int, default=8)
+    ap.add_argument("--plain-levels", type=ints, default=[],
+                    help="in-flight counts for the independent plain client on the served config; the headline "
+                         "load is the highest whose p99 it measures within --slo-ms (default: the sweep's level)")
+    ap.add_argument("--plain-seconds", type=float, default=8)
+    ap.add_argument("--plain-processes", type=int, help="the plain client's processes (default: one per 4 in flight)")
+    ap.add_argument("--protocol", choices=("http", "grpc"), default="http",
+                    help="the sweep's and the tuned load's protocol (HTTP with binary tensors, or gRPC)")
+    ap.add_argument("--protocols", type=lambda v: [x for x in v.split(",") if x], default=[],
+                    help="at the headline load, the load generator and an independent client over each of these "
+                         "protocols (http,grpc)")
+    ap.add_argument("--protocol-seconds", type=float, default=6)
     ap.add_argument("--limit-batches", default="32,64,128,256")
     ap.add_argument("--limit-seconds", type=float, default=2)
     ap.add_argument("--limit-only", action="store_true", help=argparse.SUPPRESS)

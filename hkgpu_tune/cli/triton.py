@@ -48,6 +48,9 @@ def add_parser(sub) -> None:
             q.add_argument("--requests", type=int, help="override the number of load requests")
             q.add_argument("--concurrency", type=int, help="override the load concurrency")
             q.add_argument("--processes", type=int, help="override the load generator's processes (gate.load.processes)")
+            q.add_argument("--protocol", choices=("http", "grpc"), help="override the load's protocol (gate.load.protocol)")
+            q.add_argument("--no-live", dest="live", action="store_false",
+                           help="always run the gate's own load, even beside live traffic (gate.live)")
         q.set_defaults(run=fn)
     q = tsub.add_parser("sweep", help="find the config with the most throughput under the p99 SLO "
                                       "(a server of its own; the running service is untouched)")
@@ -71,6 +74,8 @@ def add_parser(sub) -> None:
     q.add_argument("--processes", type=int, help="load generator processes (default: one per 4 in flight, "
                    "at most one per CPU)")
     q.add_argument("--shm", action="store_true", help="inputs in system shared memory (default: over the socket)")
+    q.add_argument("--protocol", choices=("http", "grpc"), default="http",
+                   help="the load's protocol: HTTP with binary tensors (default) or gRPC (triton.grpc.port)")
     q.add_argument("--check-s", type=float, help="a load of the plain client at the best config, to check the "
                    "load generator against (default: --duration-s; 0: none)")
     q.add_argument("--png", help="write the chart (throughput against p99) here")
@@ -226,7 +231,7 @@ def run_start(ctx: Context) -> int:
         code = EXIT_OK
         if not a.no_gate:
             rep = gate.run_gate(t, p99_ms=a.p99_ms, requests=a.requests, concurrency=a.concurrency,
-                                processes=a.processes)
+                                processes=a.processes, protocol=a.protocol, live=a.live)
             doc["gate"] = rep.to_dict()
             lines.append(_verdict(rep))
             code = EXIT_ERROR if rep.verdict == "failed" else EXIT_OK
@@ -241,7 +246,7 @@ def run_gate(ctx: Context) -> int:
     a = ctx.args
     t = _section(ctx)
     rep = gate.run_gate(t, p99_ms=a.p99_ms, requests=a.requests, concurrency=a.concurrency,
-                        processes=a.processes)
+                        processes=a.processes, protocol=a.protocol, live=a.live)
     _out(ctx, rep.to_dict(), _verdict(rep))
     return EXIT_ERROR if rep.verdict == "failed" else EXIT_OK
 
@@ -281,8 +286,10 @@ def run_sweep(ctx: Context) -> int:
     if not ctx.json:
         ctx.header()
     say = (lambda m: None) if ctx.json else (lambda m: print(m, flush=True))
+    if a.protocol == "grpc" and a.shm:
+        raise HkError("--protocol grpc: the gRPC load runs over the socket; leave out --shm")
     rep = sweep.run(t, name, grid, slo, a.budget_s, duration_s=a.duration_s, processes=a.processes, shm=a.shm,
-                    log=say, confirm_s=a.confirm_s, check_s=a.check_s)
+                    log=say, confirm_s=a.confirm_s, check_s=a.check_s, protocol=a.protocol)
     doc = rep.to_dict()
     if a.png and rep.points:
         doc["png"] = sweep.chart(rep, a.png)

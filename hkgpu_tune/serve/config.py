@@ -32,6 +32,7 @@ from dataclasses import dataclass, field, replace
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.serve.devices import gpu_set, is_mig, remap_gpus
 from hkgpu_tune.serve.connections import OPTIONS as CONNECTION_OPTIONS, Connections, parse as parse_connections
+from hkgpu_tune.serve.gate_spec import Gate, parse as _gate  # noqa: F401  (config.Gate: the gate's settings)
 
 NAME_RE = r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}"
 USER_RE = r"[a-z_][a-z0-9_-]{0,31}"
@@ -133,17 +134,6 @@ class MpsDirs:
     log_dir: str
     unit: str = "nvidia-mps.service"
     gpus: tuple[int, ...] | None = None
-
-
-@dataclass(frozen=True)
-class Gate:
-    ready_timeout_s: float = 120.0
-    warmup_requests: int = 5
-    requests: int = 200
-    concurrency: int = 8
-    p99_ms: float | None = None    # None: measure, do not gate
-    stop_timeout_s: float = 30.0
-    processes: int | None = None   # the load generator's processes (None: one per 4 in flight)
 
 
 @dataclass(frozen=True)
@@ -425,31 +415,6 @@ def _model(item, base: str, container: bool = False, visible=(0,)) -> Model:
         raise item.error(f"platform {backend}: give 'model_file' (the model to serve) or 'build' (an ONNX to build)")
     return Model(name, config, model_file, build, m["version"].integer(1, 1 << 30) if "version" in m else 1,
                  item.line, engine, why, nodes, item)
-
-
-def _gate(n) -> Gate:
-    m = n.mapping(("ready_timeout_s", "warmup_requests", "load", "p99_ms", "stop_timeout_s"))
-    kw = {}
-    if "ready_timeout_s" in m:
-        kw["ready_timeout_s"] = float(m["ready_timeout_s"].integer(1, 3600))
-    if "stop_timeout_s" in m:
-        kw["stop_timeout_s"] = float(m["stop_timeout_s"].integer(1, 600))
-    if "warmup_requests" in m:
-        kw["warmup_requests"] = m["warmup_requests"].integer(0, 100000)
-    if "load" in m:
-        lm = m["load"].mapping(("requests", "concurrency", "processes"))
-        if "requests" in lm:
-            kw["requests"] = lm["requests"].integer(1, 10_000_000)
-        if "concurrency" in lm:
-            kw["concurrency"] = lm["concurrency"].integer(1, 1024)
-        if "processes" in lm:
-            kw["processes"] = lm["processes"].integer(1, 256)
-    if "p99_ms" in m:
-        v = m["p99_ms"].value()
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-            raise m["p99_ms"].error(f"expected a positive number of milliseconds, got {m['p99_ms']._desc()}")
-        kw["p99_ms"] = float(v)
-    return Gate(**kw)
 
 
 class Services(tuple):

@@ -1,6 +1,7 @@
 """A load generator that is not the bottleneck: requests of one image each, as an inference front
 end sends them, from several processes with many requests in flight, binary tensors over HTTP
-(KServe v2 binary extension) or with the input in system shared memory. The closed loop runs one
+(KServe v2 binary extension), with the input in system shared memory, or over gRPC (protocol
+"grpc": one channel per thread, a ModelInferRequest built once with raw input contents). The closed loop runs one
 thread per request in flight, each with its own keep-alive connection (http.client): the scheduler
 gives CPU by thread, and on a host whose cores the server's threads share, a process of threads
 was measured to get its requests out where one asyncio loop per process fell behind (on the H200,
@@ -62,6 +63,8 @@ class LoadSpec:
     labels: dict = field(default_factory=dict)
     requests: int | None = None       # closed loop: this many requests counted, after warmup_s of the same load
     request: list | None = None       # the inputs as client.request_for gives them (instead of the one input)
+    protocol: str = "http"            # http (binary tensors) | grpc (tritonclient's protobufs, raw contents)
+    grpc_port: int | None = None      # Triton's gRPC port (protocol grpc)
 
     @property
     def nbytes(self) -> int:
@@ -180,12 +183,51 @@ def _request(spec: LoadSpec, region: str | None) -> tuple[str, bytes, dict]:
             {"Content-Type": "application/octet-stream", "Inference-Header-Content-Length": str(len(head))})
 
 
+PROTOCOLS = ("http", "grpc")
+
+
+def _grpc_caller(spec: LoadSpec):
+    """A function that opens one gRPC channel and returns (call, close): call() sends the model's
+    prebuilt ModelInferRequest (inputs as raw contents, every output returned raw) and returns
+    (ok, error text). Needs tritonclient[grpc] (its service protobufs) and grpcio."""
+    try:
+        import grpc
+        from tritonclient.grpc import service_pb2, service_pb2_grpc
+    except (ImportError, RuntimeError):
+        raise HkError("loadgen: gRPC needs tritonclient[grpc] (pip install 'hkgpu-tune[triton]')") from None
+    req = service_pb2.ModelInferRequest(model_name=spec.model)
+    for name, dt, shape, raw in spec.request or [(spec.input_name, spec.datatype, spec.shape, bytes(spec.nbytes))]:
+        t = req.inputs.add()
+        t.name, t.datatype = name, dt
+        t.shape.extend(shape)
+        req.raw_input_contents.append(raw)
+    if spec.output_name:
+        req.outputs.add().name = spec.output_name
+    target = f"[{spec.host}]:{spec.grpc_port}" if ":" in spec.host else f"{spec.host}:{spec.grpc_port}"
+    opts = [("grpc.max_send_message_length", -1), ("grpc.max_receive_message_length", -1),
+            ("grpc.use_local_subchannel_pool", 1)]   # a connection per thread, as the HTTP loop has
+
+    def connect():
+        ch = grpc.insecure_channel(target, options=opts)
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(ch).ModelInfer
+
+        def call():
+            try:
+                stub(req, timeout=spec.timeout_s)
+                return True, ""
+            except grpc.RpcError as e:
+                return False, f"gRPC {e.code().name}: {(e.details() or '')[:180]}"
+        return call, ch.close
+    return connect
+
+
 def _threads(spec: LoadSpec, idx: int, start_at: float, region: str | None) -> dict:
     """The closed loop in one process: a thread per request in flight, each with a keep-alive
     connection; a ticker thread measures how late this process gets the CPU (its lag)."""
     import http.client
     import threading
     path, body, headers = _request(spec, region)
+    grpc_connect = _grpc_caller(spec) if spec.protocol == "grpc" else None
     conc = max(1, round(spec.concurrency / spec.processes))
     win0, win1 = start_at + spec.warmup_s, start_at + spec.warmup_s + spec.duration_s
     left = [0]
@@ -212,7 +254,10 @@ def _threads(spec: LoadSpec, idx: int, start_at: float, region: str | None) -> d
             return clock() < win1, True
 
     def worker():
-        conn = http.client.HTTPConnection(spec.host, spec.port, timeout=spec.timeout_s)
+        if grpc_connect:
+            call, close = grpc_connect()
+        else:
+            conn = http.client.HTTPConnection(spec.host, spec.port, timeout=spec.timeout_s)
         mine, errs, first, n_sent, lo, hi = [], 0, "", 0, math.inf, 0.0
         while True:
             go, counted = take()
@@ -220,18 +265,22 @@ def _threads(spec: LoadSpec, idx: int, start_at: float, region: str | None) -> d
                 break
             t0 = clock()
             n_sent += win0 <= t0 <= win1
-            try:
-                conn.request("POST", path, body, headers)
-                r = conn.getresponse()
-                data = r.read()
-                ok = r.status == 200
-                if not ok and not first:
-                    first = f"HTTP {r.status}: {data[:200].decode(errors='replace')}"
-            except (OSError, http.client.HTTPException) as e:
-                ok = False
-                first = first or f"{type(e).__name__}: {e}"[:200]
-                conn.close()
-                conn = http.client.HTTPConnection(spec.host, spec.port, timeout=spec.timeout_s)
+            if grpc_connect:
+                ok, why = call()
+                first = first or why
+            else:
+                try:
+                    conn.request("POST", path, body, headers)
+                    r = conn.getresponse()
+                    data = r.read()
+                    ok = r.status == 200
+                    if not ok and not first:
+                        first = f"HTTP {r.status}: {data[:200].decode(errors='replace')}"
+                except (OSError, http.client.HTTPException) as e:
+                    ok = False
+                    first = first or f"{type(e).__name__}: {e}"[:200]
+                    conn.close()
+                    conn = http.client.HTTPConnection(spec.host, spec.port, timeout=spec.timeout_s)
             t1 = clock()
             if counted and spec.requests:
                 lo, hi = min(lo, t0), max(hi, t1)
@@ -240,7 +289,7 @@ def _threads(spec: LoadSpec, idx: int, start_at: float, region: str | None) -> d
                     mine.append((t1 - t0) * 1000)
                 else:
                     errs += 1
-        conn.close()
+        close() if grpc_connect else conn.close()
         with lock:
             lat.extend(mine)
             errors[0] += errs
@@ -290,7 +339,7 @@ def _triton_stats(spec: LoadSpec) -> dict | None:
     if not spec.metrics_port:
         return None
     from hkgpu_tune.serve import client
-    want = ("nv_inference_request_success", "nv_inference_count", "nv_inference_exec_count",
+    want = ("nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count", "nv_inference_exec_count",
             "nv_inference_queue_duration_us", "nv_inference_compute_infer_duration_us",
             "nv_inference_compute_input_duration_us", "nv_inference_compute_output_duration_us",
             "nv_inference_request_duration_us")
@@ -347,6 +396,13 @@ def run(spec: LoadSpec) -> dict:
     except ImportError:
         raise HkError("loadgen: needs aiohttp (pip install 'hkgpu-tune[triton]')") from None
     import psutil
+    if spec.protocol not in PROTOCOLS:
+        raise HkError(f"loadgen: protocol {spec.protocol!r}: expected one of {', '.join(PROTOCOLS)}")
+    if spec.protocol == "grpc":
+        if spec.shm or spec.rate or spec.raw_path or not spec.grpc_port:
+            raise HkError("loadgen: gRPC runs the closed loop over the socket, with the server's gRPC port "
+                          "(no shared memory, open loop or raw path)")
+        _grpc_caller(spec)   # tritonclient[grpc] is here: found now, not once per worker
     if spec.datatype not in SIZES:
         raise HkError(f"loadgen: no test data for data type {spec.datatype}")
     region = SharedInput(spec) if spec.shm else None
@@ -411,7 +467,7 @@ def run(spec: LoadSpec) -> dict:
         last = max(r["span"][1] for r in parts.values())
         duration = wall = max(1e-6, last - first)
     out = {
-        "model": spec.model, "transport": "raw-http" if spec.raw_path else ("http+shm" if spec.shm else "http-binary"),
+        "model": spec.model, "transport": transport(spec),
         "mode": "open" if spec.rate else "closed", "rate": spec.rate, "concurrency": spec.concurrency,
         "processes": spec.processes, "duration_s": spec.duration_s, "requests": len(vals), "errors": errors,
         "first_error": next((r["first_error"] for r in parts.values() if r["first_error"]), ""),
@@ -436,6 +492,8 @@ def run(spec: LoadSpec) -> dict:
         n = d["nv_inference_request_success"] or 1
         out["server"] = {
             "requests": d["nv_inference_request_success"],
+            "failures": d["nv_inference_request_failure"],
+            "req_s": round(d["nv_inference_request_success"] / duration, 1),
             "avg_batch": round(d["nv_inference_count"] / d["nv_inference_exec_count"], 2)
             if d["nv_inference_exec_count"] else 0.0,
             "queue_us": round(d["nv_inference_queue_duration_us"] / n, 1),
@@ -447,6 +505,12 @@ def run(spec: LoadSpec) -> dict:
         }
     out["client_bound"] = client_bound(out)
     return out
+
+
+def transport(spec: LoadSpec) -> str:
+    if spec.protocol == "grpc":
+        return "grpc"
+    return "raw-http" if spec.raw_path else ("http+shm" if spec.shm else "http-binary")
 
 
 PER_PROCESS = 4   # requests in flight per process, by default

@@ -116,4 +116,5 @@ def compare(loadgen_r: dict, plain_r: dict) -> dict:
             "p99_ratio": ratio(loadgen_r["p99_ms"], plain_r["p99_ms"]),
             "loadgen": {k: loadgen_r.get(k) for k in ("img_s", "p50_ms", "p99_ms", "errors", "processes",
                                                       "client_cpu_cores", "client_bound")},
-            "plain": {k: plain_r[k] for k in ("img_s", "p50_ms", "p99_ms", "errors", "processes", "client_cpu_cores")}}
+            "plain": {k: plain_r.get(k) for k in ("client", "img_s", "p50_ms", "p99_ms", "errors", "processes",
+                                                  "client_cpu_cores")}}

@@ -203,28 +203,31 @@ class Server:
 
 
 # ---------------------------------------------------------------- the load
-def spec_for(t, model, concurrency: int, duration_s: float, processes: int | None, shm: bool) -> loadgen.LoadSpec:
+def spec_for(t, model, concurrency: int, duration_s: float, processes: int | None, shm: bool,
+             protocol: str = "http") -> loadgen.LoadSpec:
     """One load: every input of the model (shared memory holds the first only), every output in binary,
-    `processes` load-generator processes (None: as the gate sizes them for this many in flight)."""
+    `processes` load-generator processes (None: as the gate sizes them for this many in flight), over
+    HTTP or gRPC (`protocol`)."""
     req = client.request_for(model)
     name, dt, shape, _ = req[0]
     return loadgen.LoadSpec(t.http.host, t.http.port, model.name, name, dt, shape, None, concurrency=concurrency,
                             processes=loadgen.processes_for(concurrency, processes),
                             duration_s=duration_s, warmup_s=min(1.0, duration_s / 4),
-                            metrics_port=t.metrics.port, shm=shm, request=None if shm else req)
+                            metrics_port=t.metrics.port, shm=shm, request=None if shm else req,
+                            protocol=protocol, grpc_port=t.grpc.port)
 
 
 REFINE_STEPS = 2   # extra loads that bisect between the highest passing and lowest failing level
 
 
 def measure(server: Server, model, point: Point, levels: list[int], duration_s: float, processes: int,
-            shm: bool, slo_ms: float, log=None) -> None:
+            shm: bool, slo_ms: float, log=None, protocol: str = "http") -> None:
     """Ramp through levels until p99 passes the SLO; halve below the lowest level when even it is
     over; then bisect between the highest level within the SLO and the lowest over it, so the
     answer does not depend on how coarse the levels were (96 over, 48 within: try 72, then 60 or 84)."""
     def one(conc: int) -> bool:
         nonlocal failed_err
-        r = loadgen.run(spec_for(server.t, model, conc, duration_s, processes, shm))
+        r = loadgen.run(spec_for(server.t, model, conc, duration_s, processes, shm, protocol))
         point.loads.append(r)
         if log:
             log(f"  {point.label}, {conc} in flight: {loadgen.line(r)}")
@@ -264,14 +267,14 @@ CONFIRM_STEPS = 3   # a confirming load over the SLO steps the load down a fifth
 
 
 def confirm(server: Server, model, point: Point, confirm_s: float, processes: int, shm: bool, slo_ms: float,
-            log=None) -> None:
+            log=None, protocol: str = "http") -> None:
     """Measure the chosen level again with one longer load: on the H200 the p99 of 2.5 s loads
     understated that of the served 10 s load by 3 to 5 ms (docs/perf, 2026-12-03). Over the SLO,
     step the load down a fifth and measure again. The point's best becomes the load that held."""
     conc = point.best["concurrency"]
     point.confirmed = False
     for _ in range(CONFIRM_STEPS):
-        r = loadgen.run(spec_for(server.t, model, conc, confirm_s, processes, shm))
+        r = loadgen.run(spec_for(server.t, model, conc, confirm_s, processes, shm, protocol))
         r["confirm"] = True
         point.loads.append(r)
         if log:
@@ -284,14 +287,19 @@ def confirm(server: Server, model, point: Point, confirm_s: float, processes: in
         conc = max(1, conc * 4 // 5)
 
 
-def check(server: Server, model, point: Point, seconds: float) -> dict:
-    """The chosen load against the independent plain client at the same config and in-flight count:
-    img/s and p99 ratios (the load generator's over the plain client's). Under 0.9 of its img/s,
-    the load generator, not the server, limited the sweep."""
+def check(server: Server, model, point: Point, seconds: float, protocol: str = "http") -> dict:
+    """The chosen load against the independent plain client (over gRPC: tritonclient's own client,
+    plain_grpc) at the same config and in-flight count: img/s and p99 ratios (the load generator's
+    over the plain client's). Under 0.9 of its img/s, the load generator, not the server, limited the sweep."""
     b = point.best
     req = [(n, dt, shape) for n, dt, shape, _ in client.request_for(model)]
-    r = plain.run(server.t.http.host, server.t.http.port, model.name, req, b["concurrency"],
-                  processes=b["processes"], duration_s=seconds)
+    if protocol == "grpc":
+        from hkgpu_tune.serve import plain_grpc
+        r = plain_grpc.run(server.t.grpc.host, server.t.grpc.port, model.name, req, b["concurrency"],
+                           processes=b["processes"], duration_s=seconds)
+    else:
+        r = plain.run(server.t.http.host, server.t.http.port, model.name, req, b["concurrency"],
+                      processes=b["processes"], duration_s=seconds)
     return plain.compare(b, r)
 
 
@@ -300,7 +308,7 @@ CHECK_MIN_RATIO = 0.9
 
 def run(t, model_name: str, grid: Grid, slo_ms: float, budget_s: float, duration_s: float = 5.0,
         processes: int | None = None, shm: bool = False, backends=None, log=print, verbose: bool = False,
-        confirm_s: float | None = None, check_s: float | None = None) -> Report:
+        confirm_s: float | None = None, check_s: float | None = None, protocol: str = "http") -> Report:
     """Sweep the grid on a server of the sweep's own, then confirm the best with a longer load
     (confirm_s, default 3 x duration_s; 0: none) and check that load against the plain client
     (check_s, default duration_s; 0: none); raises HkError when nothing fits the SLO."""
@@ -319,7 +327,7 @@ def run(t, model_name: str, grid: Grid, slo_ms: float, budget_s: float, duration
     reserve = (confirm_s + PER_LEVEL_OVERHEAD_S if confirm_s > 0 else 0.0) + (
         check_s + 2 * PER_LEVEL_OVERHEAD_S if check_s > 0 else 0.0)
     rep = Report(model_name, slo_ms, budget_s, date=datetime.datetime.now(datetime.timezone.utc).isoformat(
-        timespec="seconds"), transport="http+shm" if shm else "http-binary")
+        timespec="seconds"), transport="grpc" if protocol == "grpc" else "http+shm" if shm else "http-binary")
     t0 = time.monotonic()
     workdir = tempfile.mkdtemp(prefix="hkgpu-sweep-")
     server, server_mps = None, None
@@ -348,7 +356,8 @@ def run(t, model_name: str, grid: Grid, slo_ms: float, budget_s: float, duration
                 point.error = str(e)
                 log(f"{label}: {e}")
                 continue
-            measure(server, model, point, levels, duration_s, processes, shm, slo_ms, log if verbose else None)
+            measure(server, model, point, levels, duration_s, processes, shm, slo_ms, log if verbose else None,
+                    protocol)
             b = point.best
             log(f"{label}: " + (f"{b['img_s']:.0f} img/s at p99 {b['p99_ms']:.2f} ms (concurrency {b['concurrency']})"
                                 if b else f"nothing within p99 {slo_ms:g} ms "
@@ -368,7 +377,8 @@ def run(t, model_name: str, grid: Grid, slo_ms: float, budget_s: float, duration
                 if reload:
                     server.load(model_name, best.config)
                 if confirm_s > 0:
-                    confirm(server, model, best, confirm_s, processes, shm, slo_ms, log if verbose else None)
+                    confirm(server, model, best, confirm_s, processes, shm, slo_ms, log if verbose else None,
+                            protocol)
             except HkError as e:
                 best.confirmed = False
                 log(f"{best.label}: confirming failed: {e}")
@@ -380,7 +390,7 @@ def run(t, model_name: str, grid: Grid, slo_ms: float, budget_s: float, duration
                         f"did not hold p99 {slo_ms:g} ms over {confirm_s:g} s at {before['concurrency']} in flight "
                         f"or less"))
                 if check_s > 0 and not shm:   # the plain client sends its tensors over the socket
-                    rep.check = check(server, model, best, check_s)
+                    rep.check = check(server, model, best, check_s, protocol)
                     c = rep.check
                     log(f"load generator check at {c['concurrency']} in flight: {c['loadgen']['img_s']:.0f} img/s "
                         f"against the plain client's {c['plain']['img_s']:.0f} (ratio {c['img_s_ratio']}), p99 "

@@ -13,6 +13,14 @@ def figures(p99, bound="", server=None, errors=0):
                            client_bound=bound, server_request_ms=server)
 
 
+def stand_in(metrics_port=0):
+    return SimpleNamespace(gate=SimpleNamespace(p99_ms=20.0, requests=100, concurrency=8, processes=None,
+                                                warmup_requests=1, protocol="http", live_min_req_s=5.0,
+                                                live_window_s=5.0, canary=4),
+                           metrics=SimpleNamespace(port=metrics_port, host="127.0.0.1"),
+                           models=[SimpleNamespace(name="m")])
+
+
 @pytest.mark.parametrize("p99, bound, server, verdict", [
     (10.0, "", 4.0, "passed"),
     (30.0, "", 4.0, "failed"),                           # the client was not late: the server missed
@@ -21,13 +29,38 @@ def figures(p99, bound="", server=None, errors=0):
     (30.0, "a client process used 99% of a core", None, "failed"),   # nothing clears the server
 ])
 def test_verdict(monkeypatch, p99, bound, server, verdict):
-    t = SimpleNamespace(gate=SimpleNamespace(p99_ms=20.0, requests=100, concurrency=8, processes=None,
-                                             warmup_requests=1), models=[SimpleNamespace(name="m")])
+    t = stand_in()
     monkeypatch.setattr(gate, "warm_up", lambda *a, **k: 0.0)
     monkeypatch.setattr(gate, "load", lambda *a, **k: figures(p99, bound, server))
     rep = gate.run_gate(t)
+    assert rep.mode == "load"
     assert rep.verdict == verdict, rep.message
     if server is None and bound:
         assert "could not be read" in rep.message and "not cleared" in rep.message
         with pytest.raises(gate.GateFailed):
             gate.require(t)
+
+
+@pytest.mark.parametrize("rate, p99, server, failures, verdict, says", [
+    (2.0, 10.0, 4.0, 0, "passed", "judged by the gate's own load"),   # under live.min_req_s: its own load
+    (500.0, 10.0, 4.0, 0, "passed", "judged by live traffic: 500 req/s"),
+    (500.0, 30.0, 4.0, 0, "failed", "p99 latency 30.00 ms is over the SLO"),   # the canary misses
+    (500.0, 10.0, 25.0, 0, "failed", "Triton's own time per request 25.00 ms is over the SLO"),
+    (500.0, 10.0, 4.0, 3, "failed", "requests failed or none answered beside live traffic"),
+])
+def test_busy_node_verdict(monkeypatch, rate, p99, server, failures, verdict, says):
+    """Live traffic seen (Triton's count rising while the gate sends nothing): a canary and Triton's
+    figures judge the config, and a miss of either, or a failed live request, fails it."""
+    t = stand_in(metrics_port=8002)
+    monkeypatch.setattr(gate, "warm_up", lambda *a, **k: 0.0)
+    monkeypatch.setattr(gate, "live_rate", lambda *a, **k: rate)
+    monkeypatch.setattr(gate, "load", lambda *a, **k: figures(p99, "", server))
+
+    def canary(t, m, live_req_s, protocol="http"):
+        return gate.LoadResult("m", 400, 4, 0, 5.0, p99 / 2, p99 * 0.9, p99, p99 * 1.1, 80.0, mode="live",
+                               live_req_s=live_req_s, server_request_ms=server, server_req_s=live_req_s + 80,
+                               server_queue_ms=0.5, server_failures=failures)
+    monkeypatch.setattr(gate, "canary", canary)
+    rep = gate.run_gate(t)
+    assert rep.verdict == verdict and says in rep.message, rep.message
+    assert rep.mode == ("live" if rate >= 5.0 else "load") and rep.to_dict()["mode"] == rep.mode
