@@ -38,7 +38,8 @@ def point(conc=100, p99=9.0):
 
 
 SERVER = SimpleNamespace(t=SimpleNamespace(http=SimpleNamespace(host="127.0.0.1", port=1),
-                                           metrics=SimpleNamespace(port=2)))
+                                           metrics=SimpleNamespace(port=2),
+                                           grpc=SimpleNamespace(host="127.0.0.1", port=3)))
 MODEL = SimpleNamespace(name="m", max_batch_size=8, inputs=[{"name": "IN", "data_type": "TYPE_FP32", "dims": [4]}],
                         outputs=[{"name": "OUT"}])
 
