@@ -32,8 +32,7 @@ TRUSTED_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/
 
 
 # what a respawn record may hold: the variables server_env() sets, nothing else
-RECORD_ENV = ("LD_LIBRARY_PATH", "PYTHONPATH", "CUDA_VISIBLE_DEVICES", "CUDA_MPS_PIPE_DIRECTORY",
-              "CUDA_MPS_LOG_DIRECTORY", "HKGPU_PYTHON_LIBRARY", "HKGPU_PYTHON_HOME", "HKGPU_PYTHON_EXECUTABLE")
+from hkgpu_tune.serve.shapes import RECORD_ENV  # noqa: E402  (the variables server_env() sets)
 _PATH_ENV = {"LD_LIBRARY_PATH", "PYTHONPATH", "HKGPU_PYTHON_LIBRARY", "HKGPU_PYTHON_HOME", "HKGPU_PYTHON_EXECUTABLE"}
 
 

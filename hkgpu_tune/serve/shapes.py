@@ -25,6 +25,17 @@ _SIZE = r"[0-9]+[kKmMgG]?"
 _PATH = r"/[^\x00-\x1f\x7f]*"
 _OPTION = r"--[a-z][a-z0-9-]*(=[^\x00-\x1f\x7f]*)?"
 MPS_VARS = ("CUDA_MPS_PIPE_DIRECTORY", "CUDA_MPS_LOG_DIRECTORY")
+CONTAINER_REPO = "/models"
+# what a respawn record or a binary unit may set: the variables forms.server_env() sets, nothing else
+RECORD_ENV = ("LD_LIBRARY_PATH", "PYTHONPATH", "CUDA_VISIBLE_DEVICES", "CUDA_MPS_PIPE_DIRECTORY",
+              "CUDA_MPS_LOG_DIRECTORY", "HKGPU_PYTHON_LIBRARY", "HKGPU_PYTHON_HOME", "HKGPU_PYTHON_EXECUTABLE")
+HARDENING = [
+    "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes",
+    "ProtectKernelTunables=yes", "ProtectKernelModules=yes", "ProtectKernelLogs=yes", "ProtectControlGroups=yes",
+    "ProtectClock=yes", "ProtectHostname=yes", "RestrictSUIDSGID=yes", "RestrictRealtime=yes",
+    "LockPersonality=yes", "RestrictNamespaces=yes", "SystemCallArchitectures=native",
+    "CapabilityBoundingSet=", "AmbientCapabilities=",
+]
 RUNTIMES = ("docker", "podman")
 
 
@@ -43,7 +54,6 @@ def check_container_argv(argv) -> None:
     [--gpus device=..] --network host --ulimit memlock=-1 --ulimit stack=67108864 --shm-size S
     [--cpuset-cpus L] [--cpuset-mems L] [--user U] [--ipc=host (-e MPS_VAR=DIR)* (-v DIR:DIR)*]
     --volume REPO:/models:ro IMAGE tritonserver --option...`. HkError otherwise."""
-    from hkgpu_tune.serve.forms import CONTAINER_REPO
     if not (isinstance(argv, list) and len(argv) >= 2 and all(isinstance(a, str) for a in argv)):
         raise _refuse("the saved container command is not a list of words")
     if os.path.basename(argv[0]) not in RUNTIMES or not os.path.isabs(argv[0]):
@@ -115,7 +125,6 @@ _UNIT_LIST = rf"{_UNIT}( {_UNIT})*"
 
 
 def _hardening() -> dict:
-    from hkgpu_tune.serve.forms import HARDENING
     return dict(h.split("=", 1) for h in HARDENING)
 
 
@@ -129,7 +138,6 @@ def _words(value: str) -> list[str]:
 
 
 def _env(value: str) -> tuple[str, str]:
-    from hkgpu_tune.serve.records import RECORD_ENV
     v = value[1:-1].replace('\\"', '"').replace("\\\\", "\\") if value.startswith('"') else value
     k, _, val = v.replace("%%", "%").partition("=")
     if k not in (*RECORD_ENV, "CUDA_DEVICE_ORDER"):
