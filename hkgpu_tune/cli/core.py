@@ -181,4 +181,9 @@ def run_rollback(ctx: Context) -> int:
             ctx.line(("forgotten:", "yellow"), f" {f}")
         for e in rep.errors:
             print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-    return EXIT_ERROR if rep.errors else EXIT_OK
+        if rep.kept_files:
+            print(f"hkgpu-tune: {len(rep.kept_files)} path(s) kept as they are (changed since hkgpu-tune wrote "
+                  "them): the host is not as it was before apply; see the 'kept' lines", file=sys.stderr)
+    if rep.errors:
+        return EXIT_ERROR
+    return EXIT_DRIFT if rep.kept_files else EXIT_OK

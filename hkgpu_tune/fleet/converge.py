@@ -141,11 +141,15 @@ def _rollback(check: bool, state_dir: str, only: list[str] | None = None, host_d
         saved = [c for c in eng.state.load() if not only or c.subsystem in only]
         if check:
             return {"changed": bool(saved), "restored": [c.to_dict() for c in saved], "files": []}
-        restored, errs = eng.rollback(only=only or None)
-        files = unpersist(eng.state.dir, host_dir) if not only or "persist" in only else []
+        rep = eng.rollback(only=only or None)
+        restored, errs = rep
+        files = rep.files + (unpersist(eng.state.dir, host_dir) if not only or "persist" in only else [])
         out = {"changed": bool(restored or files), "restored": [c.to_dict() for c in restored], "files": files}
         if errs:
             raise ConvergeFailed("rollback failed: " + "; ".join(errs), out)
+        kept = [f for f in files if f.startswith("kept ")]
+        if kept:   # the host is not as it was: never a quiet success
+            raise ConvergeFailed("rollback kept files changed since hkgpu-tune wrote them: " + "; ".join(kept), out)
         return out
     finally:
         eng.b.close()

@@ -215,5 +215,10 @@ class RollbackReport:
     forgotten: list[str] = field(default_factory=list)      # target gone, dropped on --forget
     files: list[str] = field(default_factory=list)          # persisted files removed or restored
 
+    @property
+    def kept_files(self) -> list[str]:
+        """Files left as they are (changed since the tool wrote them): the host is not as before."""
+        return [f for f in self.files if f.startswith("kept ")]
+
     def __iter__(self):
         return iter((self.restored, self.errors))
