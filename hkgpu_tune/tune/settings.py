@@ -506,10 +506,14 @@ def validate(c: Change) -> str:
                 plain(v, f"data.{k}")
     if "where" in c.data:   # core.place: the host and network namespace the original was read in
         w = c.data["where"]
-        if not (isinstance(w, dict) and set(w) <= {"host", "netns"} and isinstance(w.get("host", ""), str)
+        if not (isinstance(w, dict) and set(w) <= {"host", "netns", "netns_id", "init"}
+                and isinstance(w.get("host", ""), str)
                 and re.fullmatch(r"[0-9a-fA-F]{0,64}", w.get("host", "")) and
-                (w.get("netns") is None or isinstance(w["netns"], int) and not isinstance(w["netns"], bool))):
-            _fail("data.where: expected {host: machine id, netns: inode}")
+                (w.get("netns") is None or isinstance(w["netns"], int) and not isinstance(w["netns"], bool))
+                and (w.get("netns_id") is None or isinstance(w["netns_id"], str)
+                     and re.fullmatch(r"[0-9a-f-]{1,64}:[0-9]{1,20}", w["netns_id"]))
+                and isinstance(w.get("init", False), bool)):
+            _fail("data.where: expected {host: machine id, netns: inode, netns_id: boot id:cookie, init}")
         import dataclasses
         c = dataclasses.replace(c, data={k: v for k, v in c.data.items() if k != "where"})
     REGISTRY[t].check(c)
