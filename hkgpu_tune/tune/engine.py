@@ -121,8 +121,19 @@ class Engine:
             rep.rolled_back = True
             if errs:
                 rep.error += "; rollback also failed: " + "; ".join(m for _, m in errs)
+            else:
+                rep.error += (f"; the host is as before this apply: each of its {len(j.written)} write(s) was undone"
+                              if j.written else "; nothing was changed on the host")
+            if j.save_error:
+                rep.error += (f"; {self.state.path} could not be rewritten ({j.save_error}): it may still list "
+                              "originals already put back (rollback writes them again, harmlessly)")
             return rep
-        j.finish()
+        try:
+            j.finish()
+        except HkError as e:
+            rep.error = (f"applied, but {self.state.path} could not be updated ({e}): the originals were saved "
+                         "before each write, so rollback restores this host")
+            return rep
         rep.results = self.verify()
         for r in rep.results:
             if (r.subsystem, r.target, r.key) in j.refusals and r.status == "drift":
@@ -179,6 +190,7 @@ class Engine:
             _refuse_legacy(self.state.dir)
         with self.state.lock():
             entries = self.state.load()
+            stale, save_error = 0, ""
             for c in reversed(list(entries)):
                 if only and c.subsystem not in only:
                     continue
@@ -196,12 +208,26 @@ class Engine:
                 except HkError as e:
                     rep.errors.append(f"{c.subsystem} {c.target} {c.key}: {e}")
                     continue
+                except OSError as e:   # one entry's failure never stops the others
+                    rep.errors.append(f"{c.subsystem} {c.target} {c.key}: {e.filename or ''}: {e.strerror}")
+                    continue
                 else:
                     rep.restored.append(c)
                     if line:
                         rep.files.append(line)
                 entries.remove(c)
-                self.state.save(entries, register=False)   # shrinking: listed already
+                # shrinking (listed already); a full or read-only directory never stops the restores
+                try:
+                    self.state.save(entries, register=False)
+                    stale, save_error = 0, ""
+                except (HkError, OSError) as e:
+                    stale, save_error = stale + 1, str(e)
+            if save_error:
+                rep.errors.append(f"{self.state.path}: could not be rewritten ({save_error}): every original "
+                                  f"reported restored above is back on the host, but the state file still lists "
+                                  f"{stale} of them; run rollback again once the directory is writable (restoring "
+                                  "again is harmless)")
+                rep.stale = stale
         return rep
 
 
@@ -214,6 +240,7 @@ class RollbackReport:
     kept: list[Change] = field(default_factory=list)        # target gone, original kept
     forgotten: list[str] = field(default_factory=list)      # target gone, dropped on --forget
     files: list[str] = field(default_factory=list)          # persisted files removed or restored
+    stale: int = 0      # restored, but still listed: the state file could not be rewritten
 
     @property
     def kept_files(self) -> list[str]:

@@ -340,8 +340,8 @@ def _read_backup(orig: dict, state_dir: str) -> bytes:
 def _drop_backup(backup: str, state_dir: str) -> None:
     try:
         os.unlink(_backup_path(backup, state_dir))
-    except FileNotFoundError:
-        pass
+    except OSError:
+        pass   # gone already, or a read-only directory: a backup left over is harmless (never reused)
 
 
 def _refuse_legacy(state_dir: str) -> None:
@@ -568,7 +568,10 @@ def unpersist(state_dir: str, host_dir: str | None = None) -> list[str]:
                 errs.append(f"{e.filename or c.target}: {e.strerror}")
                 continue
             entries.remove(c)
-            st.save(entries, register=False)
+            try:
+                st.save(entries, register=False)
+            except (HkError, OSError) as e:   # the file is back; its entry is restored again later
+                errs.append(f"{st.path}: could not be rewritten ({e}): {c.target} is restored but still listed")
             if c.target.endswith("/" + UNIT_FILE):
                 try:
                     done += _forget_textfile(c.target[:-len(UNIT_FILE)])

@@ -181,6 +181,8 @@ class State:
             os.unlink(self.path)
         except FileNotFoundError:
             return
+        except OSError as e:
+            raise HkError(f"{self.path}: cannot remove: {e.strerror}", e.errno) from None
         from hkgpu_tune.core.fsutil import fsync_dir
         fsync_dir(self.dir)
         self.host.note(self.dir, False)
