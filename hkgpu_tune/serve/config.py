@@ -196,8 +196,11 @@ RENAMED = {"inputs": "input", "outputs": "output"}
 
 
 def _path(n, base: str) -> str:
+    """An absolute, normalised path: one directory has one spelling ('/x', '/x/', '//x' and '/y/../x'
+    are one), so two services can never share a directory by spelling it differently."""
     v = n.string(what="a path")
-    return v if os.path.isabs(v) else os.path.normpath(os.path.join(base, v))
+    v = os.path.normpath(v if os.path.isabs(v) else os.path.join(base, v))
+    return "/" + v.lstrip("/")
 
 
 def _endpoint(n, default_port: int) -> Endpoint:
