@@ -107,11 +107,16 @@ def python_library() -> str | None:
 def _recorded(lib: str) -> str | None:
     """The source hash a library was built from, from its .sha256 ("SOURCE LIBRARY" hashes), when
     the library is a regular file whose bytes still hash to what was recorded; else None."""
+    from hkgpu_tune.core.fsutil import untrusted_reason
     try:
         if os.path.islink(lib) or not os.path.isfile(lib):
             return None
-        with open(lib + ".sha256") as f:
-            parts = f.read().split()
+        # a record or a library another user could write proves nothing: rebuilt (or refused there)
+        if untrusted_reason(os.path.abspath(lib)) or untrusted_reason(os.path.abspath(lib + ".sha256")):
+            return None
+        fd = os.open(lib + ".sha256", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd) as f:
+            parts = f.read(512).split()
     except OSError:
         return None
     if len(parts) != 2 or _file_sha(lib) != parts[1]:
@@ -177,7 +182,8 @@ def install(model_dir: str) -> bool:
             raise HkError("triton: no C++ compiler (install g++) to build the hkbatch backend")
         with open(built, "rb") as f:
             data = f.read()
-    os.makedirs(model_dir, exist_ok=True)
+    from hkgpu_tune.core.fsutil import ensure_trusted_dir
+    ensure_trusted_dir(model_dir, "model directory")   # no planted link or foreign directory on the way
     atomic_write(target, data, mode=0o755)   # no link followed
     atomic_write(target + ".sha256", f"{want} {hashlib.sha256(data).hexdigest()}\n")
     return True
