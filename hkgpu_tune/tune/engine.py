@@ -121,12 +121,11 @@ class Engine:
             rep.rolled_back = True
             if errs:
                 rep.error += "; rollback also failed: " + "; ".join(m for _, m in errs)
-            else:
-                rep.error += (f"; the host is as before this apply: each of its {len(j.written)} write(s) was undone"
-                              if j.written else "; nothing was changed on the host")
-            if j.save_error:
-                rep.error += (f"; {self.state.path} could not be rewritten ({j.save_error}): it may still list "
-                              "originals already put back (rollback writes them again, harmlessly)")
+            if j.save_error:   # the journal could not follow the undo: say what state the host is in
+                rep.error += ("; " + (f"every one of its {len(j.written)} write(s) was undone" if not errs else
+                                      "the writes above were not undone") +
+                              f", but {self.state.path} could not be rewritten ({j.save_error}): it may still "
+                              "list originals already put back (rollback writes them again, harmlessly)")
             return rep
         try:
             j.finish()

@@ -70,3 +70,21 @@ def test_a_library_record_another_user_could_write_is_not_taken_as_built(tmp_pat
         os.chown(f, NOBODY, NOBODY)
         assert batch_backend.installed_sha(str(d)) is None, f
         os.chown(f, 0, 0)
+
+
+def test_the_copies_apply_keeps_are_not_made_or_moved_through_a_planted_link(tmp_path, victim):
+    """redeploy keeps a copy of a model beside the repository and rollback moves it back: a
+    copies directory that is a link another user planted is refused before anything moves."""
+    from hkgpu_tune.serve import redeploy
+    os.chmod(tmp_path, 0o755)
+    repo = tmp_path / "models"
+    (repo / "doubler").mkdir(parents=True)
+    (repo / "doubler" / "config.pbtxt").write_text("name: 'doubler'\n")
+    backup = redeploy.backup_path(str(repo), "doubler", redeploy.new_token())
+    os.symlink(victim, os.path.dirname(backup))
+    os.lchown(os.path.dirname(backup), NOBODY, NOBODY)
+    with pytest.raises(HkError, match="refused"):
+        redeploy.save(str(repo / "doubler"), backup)
+    with pytest.raises(HkError, match="refused"):
+        redeploy.put_back(str(repo / "doubler"), backup, True)
+    assert untouched(victim) and (repo / "doubler" / "config.pbtxt").exists()

@@ -24,7 +24,8 @@ def in_private_mounts(script: str, timeout=120):
                           env={**os.environ, "PYTHONPATH": ROOT})
 
 
-def test_apply_on_a_disk_that_fills_mid_run_undoes_every_write_and_says_so(tmp_path):
+@pytest.mark.parametrize("with_earlier", [False, True])
+def test_apply_on_a_disk_that_fills_mid_run_undoes_every_write_and_says_so(tmp_path, with_earlier):
     st, host_dir = tmp_path / "st", tmp_path / "host"
     st.mkdir(mode=0o700)
     script = tmp_path / "run.py"
@@ -34,6 +35,10 @@ def test_apply_on_a_disk_that_fills_mid_run_undoes_every_write_and_says_so(tmp_p
         from hkgpu_tune.core.profile import parse_profile_text
         from tests.unit.test_engine import PROFILE, host
         b = host()
+        if {with_earlier!r}:   # an earlier run's entry: the undo must rewrite the journal, not remove it
+            rep0 = Engine(parse_profile_text(PROFILE, "t.yaml"), only=["link"], state_dir={str(st)!r}, backends=b,
+                          host_dir={str(host_dir)!r}).apply()
+            assert not rep0.error, rep0.error
         def seen():   # as the kernel shows a value: whitespace normalised
             return {{k: " ".join(v.split()) for k, v in b.sysctl.values.items()}}, [l["mtu"] for l in b.net.links()]
         before = seen()
@@ -64,8 +69,11 @@ def test_apply_on_a_disk_that_fills_mid_run_undoes_every_write_and_says_so(tmp_p
     assert out["writes"] > 1 and out["rolled_back"], out         # it wrote, then undid
     assert out["same"], json.dumps([out["before"], out["after"]])                                       # every write undone
     assert "No space left on device" in out["error"], out["error"]
-    assert "the host is as before this apply" in out["error"], out["error"]
-    assert not out["state_left"], "undone entries left in the journal"    # shrinking needs no space
+    if with_earlier:   # the journal could not follow: said, and the earlier run's entries are still there
+        assert "every one of its" in out["error"] and "could not be rewritten" in out["error"], out["error"]
+        assert out["state_left"]
+    else:
+        assert not out["state_left"], "undone entries left in the journal"    # removing needs no space
 
 
 def test_rollback_on_a_read_only_state_directory_restores_every_entry(net, tmp_path):
