@@ -38,6 +38,13 @@ class Snapshot:
         return self.doc.get("time", "?")
 
 
+def _int(text: str) -> int:
+    """A JSON integer that a measurement could be: one a float holds (compared as floats)."""
+    if len(text.lstrip("-")) > 300:
+        raise ValueError(f"the integer {text[:12]}... ({len(text)} digits) is too large for a measurement")
+    return int(text)
+
+
 def load(path: str) -> Snapshot:
     """A snapshot file: a regular file of at most 64 MiB, JSON, written by `baseline capture` in
     this format version. Anything else is one SnapshotError naming the file (and key)."""
@@ -56,9 +63,11 @@ def load(path: str) -> Snapshot:
     finally:
         os.close(fd)
     try:
-        doc = json.loads(raw.decode("utf-8"))
+        doc = json.loads(raw.decode("utf-8"), parse_int=_int)
     except (UnicodeDecodeError, ValueError) as e:
         raise SnapshotError(f"{path}: not a JSON snapshot ({' '.join(str(e).split())[:120]})") from None
+    except RecursionError:
+        raise SnapshotError(f"{path}: not a JSON snapshot (nested too deeply)") from None
     if not isinstance(doc, dict) or doc.get("command") != COMMAND:
         raise SnapshotError(f"{path}: not a baseline snapshot (command: {doc.get('command') if isinstance(doc, dict) else None!r})")
     fmt = doc.get("baseline_format")

@@ -34,13 +34,24 @@ def add_parser(sub) -> None:
     _common(p)
     p.add_argument("--forget", action="store_true",
                    help="drop the saved originals of targets that are gone (a removed NIC) instead of keeping them")
+    _lock_wait(p)
     p.set_defaults(run=run_rollback)
     p = sub.add_parser("apply", help="apply the profile (originals saved first)")
     _common(p)
     p.add_argument("--dry-run", action="store_true", help="show the plan, change nothing")
     p.add_argument("--persist", action="store_true", help="also make the settings survive a reboot")
     p.add_argument("--root", default="/", help="file-system root for --persist (tests)")
+    _lock_wait(p)
     p.set_defaults(run=run_apply)
+
+
+LOCK_WAIT_S = 30.0
+
+
+def _lock_wait(p) -> None:
+    p.add_argument("--lock-wait", type=float, default=LOCK_WAIT_S, metavar="SECONDS",
+                   help=f"wait this long for another apply, rollback or health run to finish (default "
+                        f"{LOCK_WAIT_S:g}; 0: refuse at once)")
 
 
 def _write(path: str, text: str) -> None:
@@ -117,6 +128,7 @@ def run_apply(ctx: Context) -> int:
     if ctx.args.dry_run:
         return run_plan(ctx)
     eng = ctx.engine
+    eng.state.lock_wait_s = max(0.0, ctx.args.lock_wait)
     if ctx.args.persist:   # what persist would refuse is refused before anything changes
         from hkgpu_tune.tune.persist import precheck
         precheck(eng)
@@ -162,6 +174,7 @@ def run_rollback(ctx: Context) -> int:
     only = ctx.only()
     # every subsystem stays loadable: --only narrows what is restored (and may name "persist")
     eng = ctx._engine = Engine(profile, state_dir=ctx.args.state_dir)
+    eng.state.lock_wait_s = max(0.0, ctx.args.lock_wait)
     rep = eng.rollback(only=only, forget=ctx.args.forget)
     if ctx.json:
         ctx.dump({"restored": [c.to_dict() for c in rep.restored], "files": rep.files,
@@ -181,4 +194,9 @@ def run_rollback(ctx: Context) -> int:
             ctx.line(("forgotten:", "yellow"), f" {f}")
         for e in rep.errors:
             print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
-    return EXIT_ERROR if rep.errors else EXIT_OK
+        if rep.kept_files:
+            print(f"hkgpu-tune: {len(rep.kept_files)} path(s) kept as they are (changed since hkgpu-tune wrote "
+                  "them): the host is not as it was before apply; see the 'kept' lines", file=sys.stderr)
+    if rep.errors:
+        return EXIT_ERROR
+    return EXIT_DRIFT if rep.kept_files else EXIT_OK

@@ -130,6 +130,27 @@ def program_refusal(path: str) -> str | None:
     return f"{why}: refused (root runs only programs no other user owns or can write)" if why else None
 
 
+def ensure_trusted_dir(path: str, what: str = "directory") -> str:
+    """Make `path` (and what is missing above it) where root may write: each existing component is
+    checked by the trust rule before anything is made below it, so a link or a directory another
+    user planted on the way is refused before root writes through it. Returns the path."""
+    path = os.path.abspath(path)
+    for p in _prefixes(path):
+        try:
+            os.lstat(p)
+        except FileNotFoundError:
+            try:
+                os.mkdir(p, 0o755)
+            except FileExistsError:
+                pass
+            except OSError as e:
+                raise HkError(f"{p}: cannot make the {what}: {e.strerror}", e.errno) from None
+        why = untrusted_reason(p, what if p == path else "directory")
+        if why:
+            raise HkError(f"{why}: refused (root writes only where no other user can change the path)")
+    return path
+
+
 def check_trusted(path: str, what: str = "file", error=HkError) -> None:
     """untrusted_reason() as an exception (HkError unless `error` names another)."""
     why = untrusted_reason(path, what)

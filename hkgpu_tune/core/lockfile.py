@@ -42,7 +42,14 @@ def hold(path: str, what: str, record: str, refusal):
             held[1] -= 1
         return
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
+        except OSError as e:
+            if e.errno != errno.EROFS:
+                raise
+            # a read-only directory: an existing lock file still locks (flock needs no write access),
+            # so a rollback can restore the host when its journal cannot be rewritten
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError as e:
         if e.errno == errno.ELOOP:
             raise StateError(f"{path}: the {what} is a symbolic link: refused") from None
@@ -58,8 +65,11 @@ def hold(path: str, what: str, record: str, refusal):
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             raise Busy(os.pread(fd, 4200, 0)) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, record.encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, record.encode(), 0)
+        except OSError:
+            pass   # the holder's record is for people; a full or read-only disk still locks
     except BaseException:
         os.close(fd)
         raise

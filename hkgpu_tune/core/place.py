@@ -1,12 +1,14 @@
-"""Where a setting lives: the host (machine id), the network namespace (its inode) for settings
-that exist per namespace, and the device (permanent MAC, else MAC, from the change's identity; a
+"""Where a setting lives: the host (machine id), the network namespace for settings that exist
+per namespace (its inode for people; its identity: the boot id and the namespace's cookie,
+SO_NETNS_COOKIE, which the kernel never reuses within a boot, where an inode is reused as soon as a
+namespace is gone), and the device (permanent MAC, else MAC, from the change's identity; a
 GPU's UUID).
 Apply records it with every original; an original recorded somewhere else is a separate setting
 (a replaced device or another namespace gets its own originals) and rollback never writes it
 here: it is reported and kept.
 
 >>> sorted(here())
-['host', 'netns']
+['host', 'init', 'netns', 'netns_id']
 """
 from __future__ import annotations
 
@@ -34,8 +36,41 @@ def netns() -> int:
     return os.stat("/proc/self/ns/net").st_ino
 
 
+SO_NETNS_COOKIE = 71    # asm-generic/socket.h, Linux 5.14
+
+
+def boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read(64).strip()
+    except OSError:
+        return ""
+
+
+def netns_id() -> str:
+    """BOOT_ID:COOKIE for this network namespace, unique for as long as the machine runs; '' where
+    the kernel has no cookie (before 5.14)."""
+    import socket
+    import struct
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:
+            cookie = struct.unpack("Q", s.getsockopt(socket.SOL_SOCKET, SO_NETNS_COOKIE, 8))[0]
+    except OSError:
+        return ""
+    b = boot_id()
+    return f"{b}:{cookie}" if b else ""
+
+
+def initial_netns() -> bool:
+    """Whether this is the host's own network namespace (PID 1's): the one that outlives a reboot."""
+    try:
+        return os.stat("/proc/1/ns/net").st_ino == netns()
+    except OSError:
+        return False
+
+
 def here() -> dict:
-    return {"host": machine_id(), "netns": netns()}
+    return {"host": machine_id(), "netns": netns(), "netns_id": netns_id(), "init": initial_netns()}
 
 
 def _netns_scoped(c) -> bool:
@@ -45,7 +80,12 @@ def _netns_scoped(c) -> bool:
 def scope(c, now: dict | None = None) -> dict:
     """The place of change c: host always, netns for a per-namespace setting."""
     now = now or here()
-    return {"host": now["host"], **({"netns": now["netns"]} if _netns_scoped(c) else {})}
+    if not _netns_scoped(c):
+        return {"host": now["host"]}
+    w = {"host": now["host"], "netns": now["netns"], "init": bool(now.get("init"))}
+    if now.get("netns_id"):
+        w["netns_id"] = now["netns_id"]
+    return w
 
 
 def stamp(changes, now: dict | None = None) -> None:
@@ -72,7 +112,8 @@ def key(data) -> tuple:
     mac = device(data)
     if not w and not mac:
         return ()
-    return (str(w.get("host", "")), w.get("netns"), mac)
+    ns = w.get("netns_id") or ("initial" if w.get("init") else w.get("netns"))
+    return (str(w.get("host", "")), ns, mac)
 
 
 def same_setting(saved, c) -> bool:
@@ -93,6 +134,15 @@ def check(c, now: dict | None = None) -> None:
     if w.get("host") and now["host"] and w["host"] != now["host"]:
         raise TargetGone(f"recorded on another host (machine id {w['host']}, this one {now['host']}): "
                          "not touched, its original is kept")
-    if w.get("netns") is not None and w["netns"] != now["netns"]:
-        raise TargetGone(f"recorded in another network namespace (netns inode {w['netns']}, this one "
-                         f"{now['netns']}): not touched, its original is kept; run rollback in that namespace")
+    if w.get("netns") is None and not w.get("netns_id"):
+        return   # not a per-namespace setting
+    if w.get("netns_id") and w["netns_id"] == now.get("netns_id"):
+        return
+    if w.get("init") and now.get("init"):
+        return   # the host's own namespace, also after a reboot (a new boot id and cookie)
+    if not w.get("netns_id") and now.get("init") and w.get("netns") == now["netns"]:
+        return   # recorded before namespaces had an identity: honoured in the initial namespace only
+    why = ("recorded without a namespace identity outside the host's own namespace" if not w.get("netns_id")
+           else f"recorded in another network namespace (id {w['netns_id']}, this one {now.get('netns_id') or '?'})")
+    raise TargetGone(f"{why} (netns inode {w.get('netns')}, this one {now['netns']}): not touched, its original "
+                     "is kept; run rollback in that namespace")

@@ -370,7 +370,10 @@ def parse_sysctl(n: Node) -> list[SysctlSetting]:
         if not valid_sysctl_key(key):
             raise v.error("not a sysctl key (expected dotted names under /proc/sys such as net.core.rmem_max: "
                           f"letters, digits, '_' and '-', at most {SYSCTL_KEY_MAX} characters)")
-        from hkgpu_tune.core.sysctl_names import misspelt
+        from hkgpu_tune.core.sysctl_names import forbidden, misspelt
+        why = forbidden(key)
+        if why:
+            raise v.error(f"{why}: refused")
         near = misspelt(key)
         if near:
             raise v.error(f"no such sysctl {key}; did you mean {near}?")

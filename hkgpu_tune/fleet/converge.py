@@ -141,11 +141,15 @@ def _rollback(check: bool, state_dir: str, only: list[str] | None = None, host_d
         saved = [c for c in eng.state.load() if not only or c.subsystem in only]
         if check:
             return {"changed": bool(saved), "restored": [c.to_dict() for c in saved], "files": []}
-        restored, errs = eng.rollback(only=only or None)
-        files = unpersist(eng.state.dir, host_dir) if not only or "persist" in only else []
+        rep = eng.rollback(only=only or None)
+        restored, errs = rep
+        files = rep.files + (unpersist(eng.state.dir, host_dir) if not only or "persist" in only else [])
         out = {"changed": bool(restored or files), "restored": [c.to_dict() for c in restored], "files": files}
         if errs:
             raise ConvergeFailed("rollback failed: " + "; ".join(errs), out)
+        kept = [f for f in files if f.startswith("kept ")]
+        if kept:   # the host is not as it was: never a quiet success
+            raise ConvergeFailed("rollback kept files changed since hkgpu-tune wrote them: " + "; ".join(kept), out)
         return out
     finally:
         eng.b.close()
@@ -213,11 +217,19 @@ def converge(sections: dict | None, check: bool, *, profile: str | None = None, 
             os.makedirs(os.path.dirname(profile_path) or ".", mode=0o755, exist_ok=True)
             atomic_write(profile_path, text, mode=0o644)
         # nothing to write: the plan's comparison is the verify result (no second read)
-        rep = eng.apply() if changes else ApplyReport(results=res)
+        try:
+            rep = eng.apply() if changes else ApplyReport(results=res)
+        except BaseException:
+            if file_changed:   # nothing applied: the node profile says what the host has, as before
+                _put_back(profile_path, old)
+            raise
         out.update(results=[r.to_dict() for r in rep.results], failures=[r.to_dict() for r in rep.results if r.failed],
                    changes=[c.to_dict() for c in rep.changes])
         if rep.error:
             out["rolled_back"] = rep.rolled_back
+            if file_changed and rep.rolled_back:   # the failed sections never stay in node.yaml
+                _put_back(profile_path, old)
+                out["profile_restored"] = profile_path
             raise ConvergeFailed(rep.error + (" (rolled back)" if rep.rolled_back else ""), out)
         if persist and (out["changed"] or _needs_persist(text)):
             from hkgpu_tune.tune.persist import persist as do_persist
@@ -231,6 +243,17 @@ def converge(sections: dict | None, check: bool, *, profile: str | None = None, 
         return out
     finally:
         eng.b.close()
+
+
+def _put_back(path: str, old: str | None) -> None:
+    """The node profile as it was before this run (removed where there was none)."""
+    if old is None:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    else:
+        atomic_write(path, old, mode=0o644)
 
 
 def _needs_persist(text) -> bool:

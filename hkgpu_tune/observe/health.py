@@ -427,6 +427,8 @@ def load_state(directory: str) -> dict:
         bad = "'nic' is not a mapping of device to error count"
     elif not isinstance(doc.get("hooks", []), list):
         bad = "'hooks' is not a list"
+    elif not isinstance(doc.get("hook_running") or {}, dict):
+        bad = "'hook_running' is not a mapping"
     if bad:
         raise StateError(f"{path}: {bad}: refused (remove it to start afresh)")
     return doc
@@ -453,11 +455,55 @@ def run(profile, cfg: HealthConfig | None = None, state_dir: str | None = None, 
     with State(directory).lock():
         doc = load_state(directory)
         rep = check(profile, cfg, nic_prev=doc.get("nic") or {}, **readers)
-        _transition(rep, cfg, doc, directory, time.time() if now is None else now)
+        pending = _transition(rep, cfg, doc, directory, time.time() if now is None else now)
+    if pending is None:
+        return rep
+    # the hook (a drain: up to hook_timeout_s) runs outside the lock: apply and rollback are never
+    # refused for its whole run; the claim recorded above keeps a second health run from starting it
+    name, argv, env, want, t = pending
+    rec = {"hook": name, "time": t, **run_hook(argv, env, cfg.hook_timeout_s)}
+    st = State(directory)
+    st.lock_wait_s = HOOK_RECORD_WAIT_S
+    with st.lock():
+        doc = load_state(directory) or doc
+        _hook_done(rep, doc, rec, want, t)
+        save_state(directory, doc)
     return rep
 
 
-def _transition(rep: Report, cfg: HealthConfig, doc: dict, directory: str, now: float) -> None:
+HOOK_RECORD_WAIT_S = 120.0   # waiting for an apply or rollback to finish before recording the hook
+
+
+def _claimed(doc: dict) -> dict | None:
+    """The hook another health run is running now (its claim, its process alive), or None."""
+    c = doc.get("hook_running")
+    if not isinstance(c, dict) or not isinstance(c.get("pid"), int) or isinstance(c.get("pid"), bool):
+        return None
+    try:
+        os.kill(c["pid"], 0)
+    except ProcessLookupError:
+        return None
+    except PermissionError:
+        pass
+    return c
+
+
+def _hook_done(rep: Report, doc: dict, rec: dict, want: str, now: float) -> None:
+    doc.pop("hook_running", None)
+    doc["hooks"] = (doc.get("hooks") or [])[-(HOOK_LOG_MAX - 1):] + [
+        {k: rec[k] for k in ("hook", "time", "rc", "ok", "timed_out", "error", "pid")}]
+    rep.action["hook"] = rec
+    if rec["ok"]:
+        doc["acted"] = want
+        rep.action["transition"] = want
+        if want == "unhealthy":
+            doc["last_unhealthy_hook"] = now
+    # a failed hook: the recorded state stays, so the next run tries the same transition again
+    rep.action["state"] = doc["acted"]
+
+
+def _transition(rep: Report, cfg: HealthConfig, doc: dict, directory: str, now: float):
+    """Record this run; returns the hook to run outside the lock (name, argv, env, want, now), or None."""
     first = not doc
     if first:
         doc.update({"format": 1, "kind": "health", "tool": "hkgpu-tune", "acted": HEALTHY,
@@ -486,27 +532,27 @@ def _transition(rep: Report, cfg: HealthConfig, doc: dict, directory: str, now: 
         else:
             action["held_down"] = (f"healthy for {max(healthy_for, 0):.0f} s; on_healthy waits until "
                                    f"{cfg.hold_down_s:g} s (hold_down_s)")
+    pending = None
+    running = _claimed(doc) if want else None
+    if running:
+        action["held_down"] = f"{running.get('hook')} is running (pid {running['pid']}) in another health run"
+        want = None
     if want:
         name = "on_unhealthy" if want == "unhealthy" else "on_healthy"
         argv = cfg.on_unhealthy if want == "unhealthy" else cfg.on_healthy
-        rec = None
         if argv:
             env = {"HKGPU_HEALTH_STATUS": rep.status, "HKGPU_HEALTH_TRANSITION": want,
                    "HKGPU_HEALTH_FAILING": " ".join(rep.failing_names()),
                    "HKGPU_HEALTH_FAILING_JSON": json.dumps([asdict(c) for c in rep.failing], default=str)}
-            rec = {"hook": name, "time": now, **run_hook(argv, env, cfg.hook_timeout_s)}
-            doc["hooks"] = (doc.get("hooks") or [])[-(HOOK_LOG_MAX - 1):] + [
-                {k: rec[k] for k in ("hook", "time", "rc", "ok", "timed_out", "error", "pid")}]
-        action["hook"] = rec
-        if rec is None or rec["ok"]:
+            doc["hook_running"] = {"hook": name, "pid": os.getpid(), "since": now}
+            pending = (name, argv, env, want, now)
+        else:
             doc["acted"] = want
             action["transition"] = want
-            if want == "unhealthy" and rec is not None:
-                doc["last_unhealthy_hook"] = now
-        # a failed hook: the recorded state stays, so the next run tries the same transition again
     action["state"] = doc["acted"]
     save_state(directory, doc)
     rep.action.update(action)
+    return pending
 
 
 # ---------------------------------------------------------------- export

@@ -52,6 +52,10 @@ def _argv(n) -> tuple[str, ...]:
     if not os.path.isabs(argv[0]) or os.path.normpath(argv[0]) != argv[0]:
         raise items[0].error(f"the program must be an absolute path without '.', '..' or '//' (hooks run "
                              f"as root, without a trusted PATH), got {argv[0]!r}")
+    from hkgpu_tune.observe.hooks import string_refusal
+    why = string_refusal(argv)
+    if why:
+        raise items[0].error(f"{why}: refused")
     return argv
 
 

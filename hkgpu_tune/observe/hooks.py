@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import signal
 import stat
 import subprocess
@@ -35,9 +36,40 @@ PR_GET_CHILD_SUBREAPER = 37
 _lock = threading.Lock()   # one hook at a time per process: the subreaper flag is per process
 
 
+SHELLS = {"sh", "bash", "dash", "zsh", "ksh", "mksh", "ash", "fish", "csh", "tcsh", "busybox"}
+INTERPRETERS = re.compile(r"(python[0-9.]*|perl[0-9.]*|ruby[0-9.]*|node|nodejs|php[0-9.]*|lua[0-9.]*|awk|gawk|mawk)")
+# programs that run another program found by name (on PATH) or as another user
+LAUNCHERS = {"env", "nohup", "timeout", "sudo", "su", "runuser", "xargs", "nice", "ionice", "setsid", "chroot",
+             "stdbuf", "doas", "pkexec", "systemd-run", "flock", "watch", "script"}
+
+
+def string_refusal(argv) -> str | None:
+    """Why a command is a string for another program to interpret (a shell's or an interpreter's
+    -c/-e code, a launcher running a program by name), which no trust check can see into; None
+    when the program it names is the program that runs."""
+    name = os.path.basename(argv[0])
+    if name in LAUNCHERS:
+        return (f"{argv[0]} runs another program by name: name that program itself "
+                "(its absolute path) as the hook")
+    code = {"-c"} if name in SHELLS else {"-c", "-e", "-E", "--eval", "-r"} if INTERPRETERS.fullmatch(name) else set()
+    for a in argv[1:]:
+        if a in code or name in SHELLS and re.fullmatch(r"-[a-zA-Z]*c[a-zA-Z]*", a) or \
+                INTERPRETERS.fullmatch(name) and re.fullmatch(r"-[a-zA-Z]*[ceE]", a) or \
+                name in SHELLS and a in ("-s", "-i"):
+            return (f"{argv[0]} {a} runs a string of code, which no check can see into: put the commands in a "
+                    "script of root's and name that script")
+    if name in SHELLS or INTERPRETERS.fullmatch(name):
+        if len(argv) < 2 or argv[1].startswith("-") or not os.path.isabs(argv[1]):
+            return f"{argv[0]} without a script by absolute path as its first argument: name the script"
+    return None
+
+
 def hook_refusal(argv) -> str | None:
-    """Why this command must not run (None: it may): its program and every existing regular file
-    it names by absolute path must pass the trust rule."""
+    """Why this command must not run (None: it may): no string of code (string_refusal); its
+    program and every existing regular file it names by absolute path must pass the trust rule."""
+    why = string_refusal(argv)
+    if why:
+        return why
     prog = argv[0]
     if not os.path.lexists(prog):   # cannot start: reported as such, if no one else could put it there
         prog = os.path.dirname(prog)

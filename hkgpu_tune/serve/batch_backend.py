@@ -42,16 +42,51 @@ def source_sha() -> str:
     return sha
 
 
+# the compiler driver looks for `as` and `ld` in its own directories, then on PATH: it runs with
+# this PATH only, and each program it would run passes fsutil's trust rule first
+BUILD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def build_env() -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("COMPILER_PATH", "GCC_EXEC_PREFIX", "LIBRARY_PATH", "CPATH", "CPLUS_INCLUDE_PATH",
+                        "C_INCLUDE_PATH", "LD_PRELOAD", "LD_LIBRARY_PATH", "GCC_COMPARE_DEBUG")}
+    return {**env, "PATH": BUILD_PATH, "LC_ALL": "C"}
+
+
+def toolchain_refusal(cxx: str) -> str | None:
+    """Why the programs the driver would run (as, ld, collect2, as it resolves them) are not to be
+    run by root; None when each is trusted."""
+    env = build_env()
+    for prog in ("as", "ld", "collect2"):
+        try:
+            r = subprocess.run([cxx, f"-print-prog-name={prog}"], capture_output=True, text=True, timeout=30, env=env)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"{cxx} -print-prog-name={prog}: {e}"
+        path = r.stdout.strip()
+        if not os.path.isabs(path):          # not in the driver's own directories: PATH, as above
+            path = shutil.which(path or prog, path=BUILD_PATH) or ""
+            if not path:
+                if prog == "collect2":
+                    continue                  # a driver without collect2 runs ld itself
+                return f"{cxx}: no {prog} found"
+        why = program_refusal(path)
+        if why:
+            return why
+    return None
+
+
 @functools.lru_cache(maxsize=None)
 def compiler() -> str | None:
     """A C++ compiler that can link libstdc++ statically (the library must not depend on the
     libstdc++ that tritonserver's process has already loaded)."""
     for name in ("c++", "g++"):
         cxx = shutil.which(name)
-        if not cxx or program_refusal(cxx):
+        if not cxx or program_refusal(cxx) or toolchain_refusal(cxx):
             continue
         try:
-            r = subprocess.run([cxx, "-print-file-name=libstdc++.a"], capture_output=True, text=True, timeout=30)
+            r = subprocess.run([cxx, "-print-file-name=libstdc++.a"], capture_output=True, text=True, timeout=30,
+                               env=build_env())
         except (OSError, subprocess.TimeoutExpired):
             continue
         if os.path.isabs(r.stdout.strip()):   # found: a path; not found: the bare name
@@ -72,11 +107,16 @@ def python_library() -> str | None:
 def _recorded(lib: str) -> str | None:
     """The source hash a library was built from, from its .sha256 ("SOURCE LIBRARY" hashes), when
     the library is a regular file whose bytes still hash to what was recorded; else None."""
+    from hkgpu_tune.core.fsutil import untrusted_reason
     try:
         if os.path.islink(lib) or not os.path.isfile(lib):
             return None
-        with open(lib + ".sha256") as f:
-            parts = f.read().split()
+        # a record or a library another user could write proves nothing: rebuilt (or refused there)
+        if untrusted_reason(os.path.abspath(lib)) or untrusted_reason(os.path.abspath(lib + ".sha256")):
+            return None
+        fd = os.open(lib + ".sha256", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd) as f:
+            parts = f.read(512).split()
     except OSError:
         return None
     if len(parts) != 2 or _file_sha(lib) != parts[1]:
@@ -133,7 +173,7 @@ def install(model_dir: str) -> bool:
         cxx = compiler()
         if cxx:
             r = subprocess.run([cxx, *FLAGS, "-o", built, SOURCE, "-ldl", "-lpthread"], capture_output=True,
-                               text=True, timeout=300)
+                               text=True, timeout=300, env=build_env())
             if r.returncode != 0:
                 raise HkError(f"triton: building the hkbatch backend failed: {(r.stderr or r.stdout).strip()[-800:]}")
         elif _prebuilt_ok():
@@ -142,7 +182,8 @@ def install(model_dir: str) -> bool:
             raise HkError("triton: no C++ compiler (install g++) to build the hkbatch backend")
         with open(built, "rb") as f:
             data = f.read()
-    os.makedirs(model_dir, exist_ok=True)
+    from hkgpu_tune.core.fsutil import ensure_trusted_dir
+    ensure_trusted_dir(model_dir, "model directory")   # no planted link or foreign directory on the way
     atomic_write(target, data, mode=0o755)   # no link followed
     atomic_write(target + ".sha256", f"{want} {hashlib.sha256(data).hexdigest()}\n")
     return True

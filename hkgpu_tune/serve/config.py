@@ -185,9 +185,9 @@ MODEL_KEYS = ("name", "platform", "backend", "max_batch_size", "inputs", "output
 RENAMED = {"inputs": "input", "outputs": "output"}
 
 
-def _path(n, base: str) -> str:
-    v = n.string(what="a path")
-    return v if os.path.isabs(v) else os.path.normpath(os.path.join(base, v))
+def _path(n, base: str) -> str:   # normalised: '/x', '/x/', '//x' are one directory, never two services'
+    v = os.path.normpath(os.path.join(base, n.string(what="a path")))   # join keeps an absolute path
+    return "/" + v.lstrip("/")
 
 
 def _endpoint(n, default_port: int) -> Endpoint:
@@ -314,9 +314,10 @@ def choose_backend(build: Build, container: bool = False) -> tuple[str, str]:
     return ("hkbatch", why) if ok else ("python", f"hkbatch unavailable: {why}")
 
 
-def _trtexec() -> str | None:
-    return shutil.which("trtexec") or next(
-        (p for p in ("/usr/src/tensorrt/bin/trtexec", "/opt/tensorrt/bin/trtexec") if os.access(p, os.X_OK)), None)
+def _trtexec() -> str | None:   # as tensorrt.trtexec_path (no import: a cycle), with the trust rule
+    from hkgpu_tune.core.fsutil import program_refusal as no
+    return next((p for p in (shutil.which("trtexec"), "/usr/src/tensorrt/bin/trtexec", "/opt/tensorrt/bin/trtexec")
+                 if p and os.access(p, os.X_OK) and not no(p)), None)
 
 
 def _torch_config(config: dict, b: Build, backend: str) -> dict:

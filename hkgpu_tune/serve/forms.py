@@ -20,7 +20,7 @@ from hkgpu_tune.serve import client, records
 
 PID_FILE = "tritonserver.json"
 LOG_FILE = "tritonserver.log"
-CONTAINER_REPO = "/models"
+from hkgpu_tune.serve.shapes import CONTAINER_REPO, HARDENING  # noqa: F401  (the renderer's shape, checked there)
 CONTROL_MODE = "explicit"
 STOP_GRACE_S = 10  # past the server's own exit timeout before it is killed
 # latency summaries for p50/p95/p99 (nv_inference_request_summary_us{quantile}) next to the default
@@ -234,13 +234,6 @@ def command(t, place: dict | None = None, backends=None, resolve: bool = True) -
     return [server_binary(t)] + server_args(t)
 
 
-HARDENING = [
-    "NoNewPrivileges=yes", "ProtectSystem=strict", "ProtectHome=yes", "PrivateTmp=yes",
-    "ProtectKernelTunables=yes", "ProtectKernelModules=yes", "ProtectKernelLogs=yes", "ProtectControlGroups=yes",
-    "ProtectClock=yes", "ProtectHostname=yes", "RestrictSUIDSGID=yes", "RestrictRealtime=yes",
-    "LockPersonality=yes", "RestrictNamespaces=yes", "SystemCallArchitectures=native",
-    "CapabilityBoundingSet=", "AmbientCapabilities=",
-]
 DEFAULT_USER = "triton-server"
 
 

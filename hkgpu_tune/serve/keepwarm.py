@@ -29,14 +29,16 @@ class KeepWarm:
         if not 0 < period_s <= idle_s:
             raise ValueError("keep-warm: 0 < period_s <= idle_s")
         self.send, self.served, self.idle_s, self.period_s = send, served, idle_s, period_s
-        self.count = served()
+        self.count = None            # read at the first step that reaches the server (it may not be up yet)
         self.last_traffic = start
         self.last_sent = None
         self.sent = 0
 
     def step(self, now: float) -> bool:
         c = self.served()
-        if c != self.count:          # clients were served since the last look
+        if self.count is None:       # the server seen for the first time: idle from now
+            self.count, self.last_traffic = c, max(self.last_traffic, now)
+        elif c != self.count:        # clients were served since the last look
             self.count, self.last_traffic = c, now
         if now - self.last_traffic < self.idle_s:
             return False
@@ -81,12 +83,18 @@ def main(argv=None) -> int:
     except (HkError, ValueError) as e:
         print(f"keepwarm: {e}", file=sys.stderr)
         return 1
+    said = None
     try:
         while not args.duration_s or time.monotonic() - t0 < args.duration_s:
             try:
                 kw.step(time.monotonic())
-            except HkError as e:     # the server restarting: keep trying, say so once a period
-                print(f"keepwarm: {e}", file=sys.stderr)
+                if said:
+                    print("keepwarm: the server answers again", file=sys.stderr)
+                said = None
+            except HkError as e:     # not up yet, or restarting: keep trying, say so once
+                if said != str(e):
+                    print(f"keepwarm: waiting for the server: {e}", file=sys.stderr)
+                said = str(e)
             time.sleep(min(1.0, args.period_s / 2))
     except KeyboardInterrupt:
         pass

@@ -75,10 +75,26 @@ def _alive(st: dict | None) -> bool:
         # we gave it, as the user we started it as
         exe = os.path.realpath(p.exe()) if p.exe() else ""
         uid = _user_ids(st["user"])[0] if st.get("user") else os.geteuid()
-        return (_start_ticks(p.pid) == st["start_ticks"] and p.status() != psutil.STATUS_ZOMBIE
-                and exe == os.path.realpath(st["argv"][0]) and os.getsid(p.pid) == p.pid
-                and p.uids().real == uid and (not cmd or cmd == st["argv"]))
+        ours = (_start_ticks(p.pid) == st["start_ticks"] and p.status() != psutil.STATUS_ZOMBIE
+                and os.getsid(p.pid) == p.pid and p.uids().real == uid)
+        if exe == os.path.realpath(st["argv"][0]):
+            return ours and (not cmd or cmd == st["argv"])
+        # a `server:` that is a script: its interpreter runs it (cmdline INTERPRETER [ARG] SCRIPT ARGS...),
+        # or it has exec'd the server; the pid, its start time, session and user are still the ones we started
+        return ours and _script(st["argv"][0])
     except (psutil.NoSuchProcess, psutil.AccessDenied, KeyError, OSError, HkError):
+        return False
+
+
+def _script(path: str) -> bool:
+    """Whether the program at path is a script (starts with '#!')."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            return os.read(fd, 2) == b"#!"
+        finally:
+            os.close(fd)
+    except OSError:
         return False
 
 

@@ -32,8 +32,7 @@ TRUSTED_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/
 
 
 # what a respawn record may hold: the variables server_env() sets, nothing else
-RECORD_ENV = ("LD_LIBRARY_PATH", "PYTHONPATH", "CUDA_VISIBLE_DEVICES", "CUDA_MPS_PIPE_DIRECTORY",
-              "CUDA_MPS_LOG_DIRECTORY", "HKGPU_PYTHON_LIBRARY", "HKGPU_PYTHON_HOME", "HKGPU_PYTHON_EXECUTABLE")
+from hkgpu_tune.serve.shapes import RECORD_ENV  # noqa: E402  (the variables server_env() sets)
 _PATH_ENV = {"LD_LIBRARY_PATH", "PYTHONPATH", "HKGPU_PYTHON_LIBRARY", "HKGPU_PYTHON_HOME", "HKGPU_PYTHON_EXECUTABLE"}
 
 
@@ -58,6 +57,9 @@ def check_record(rec) -> None:
     user = rec.get("user")
     if user is not None and not (isinstance(user, str) and re.fullmatch(USER_RE, user)):
         raise HkError(f"triton: the saved command's user {user!r} is not a user name")
+    if form == "container":   # re-read against the renderer's own shape: no option it never writes
+        from hkgpu_tune.serve.shapes import check_container_argv
+        check_container_argv(argv)
     if not isinstance(rec.get("placement") or {}, dict):
         raise HkError("triton: the saved command's placement is not a mapping")
 
@@ -72,17 +74,11 @@ def check_record_paths(rec: dict) -> None:
 
 def check_unit_text(text) -> None:
     """A unit's text read back from the state file (rollback writes it into /etc/systemd/system,
-    where root runs it): a Triton unit this tool rendered, whose every Exec program (by absolute
-    path, quoted or not) passes the trust rule. HkError otherwise."""
-    if not isinstance(text, str) or "\nDescription=Triton Inference Server (hkgpu-tune)\n" not in text:
-        raise HkError("triton: the saved unit is not one hkgpu-tune rendered: refused")
-    for line in text.splitlines():
-        key, _, val = line.partition("=")
-        if not key.startswith("Exec"):
-            continue
-        val = val.lstrip("-@:+!")
-        prog = val[1:].split('"', 1)[0] if val.startswith('"') else val.split(None, 1)[0] if val.split() else ""
-        prog = prog.replace("\\\\", "\\").replace("%%", "%")
+    where root runs it): only what the tool renders (serve.shapes: its directives, variables and
+    command shapes), and every program and library path in it trusted. HkError otherwise."""
+    from hkgpu_tune.serve import shapes
+    for argv in shapes.check_unit_text(text):
+        prog = argv[0]
         if not os.path.isabs(prog):
             raise HkError(f"triton: the saved unit runs {prog!r}, not a program by absolute path: refused")
         # a program not there (yet) may be put there only by whoever can write its directory
@@ -90,3 +86,9 @@ def check_unit_text(text) -> None:
             check_trusted(prog, "program of the saved unit")
         else:
             check_trusted(os.path.dirname(prog), "directory of the saved unit's program")
+    for line in text.split("\n"):
+        if line.startswith("Environment="):
+            k, v = shapes._env(line.partition("=")[2])
+            for p in (v.split(":") if k in _PATH_ENV else ()):
+                if p and os.path.lexists(p):
+                    check_trusted(os.path.abspath(p), f"{k} entry of the saved unit")

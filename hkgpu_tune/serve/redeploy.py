@@ -69,14 +69,22 @@ def _link_or_copy(src: str, dst: str) -> None:
         shutil.copy2(src, dst)
 
 
+def _trusted(model_dir: str, backup: str) -> None:
+    """The repository and the copies' directory: root moves and removes in them only where no other
+    user can change the path (a planted link is never followed; fsutil's one rule)."""
+    from hkgpu_tune.core.fsutil import ensure_trusted_dir
+    ensure_trusted_dir(os.path.dirname(model_dir), "model repository")
+    ensure_trusted_dir(os.path.dirname(backup), "directory of the model copies")
+
+
 def save(model_dir: str, backup: str) -> bool:
     """Copy model_dir to backup (once: an existing copy is the older one and is kept). True when
     a copy was made; False when there was nothing to copy or the copy exists."""
     if os.path.isdir(backup) or not os.path.isdir(model_dir):
         return False
+    _trusted(model_dir, backup)
     tmp = backup + ".partial"
     shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(os.path.dirname(backup), mode=0o755, exist_ok=True)
     try:
         shutil.copytree(model_dir, tmp, symlinks=True, copy_function=_link_or_copy)
         os.replace(tmp, backup)
@@ -90,6 +98,7 @@ def put_back(model_dir: str, backup: str, existed: bool, original: str | None = 
     """The model directory as it was before apply: this run's copy, else the copy of an earlier
     apply (`original`, the oldest: what rollback restores). Returns what was done; safe to repeat
     (a copy already put back, or a new directory already removed, is done)."""
+    _trusted(model_dir, backup)
     if existed and not os.path.isdir(backup) and original and os.path.isdir(original):
         backup = original
     if not existed:

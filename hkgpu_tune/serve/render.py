@@ -14,7 +14,7 @@ import re
 import shutil
 
 from hkgpu_tune.core.errors import HkError
-from hkgpu_tune.core.fsutil import atomic_write, copy_pinned
+from hkgpu_tune.core.fsutil import atomic_write, copy_pinned, ensure_trusted_dir
 from hkgpu_tune.serve.config import model_filename
 
 
@@ -209,7 +209,7 @@ def _file_sha(path: str) -> str | None:
 
 
 def _atomic_write(path: str, data, mode=0o644) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
+    ensure_trusted_dir(os.path.dirname(path), "model directory")   # no planted link on the way
     atomic_write(path, data, mode)
 
 
@@ -288,6 +288,7 @@ def repository_state(t, backends=None) -> dict:
 def write_model(t, model, backends=None) -> list[str]:
     """Render one model's directory; returns the files written (unchanged ones are left alone)."""
     d = os.path.join(t.model_repository, model.name)
+    ensure_trusted_dir(os.path.join(d, str(model.version)), "model directory")   # before any write in it
     written = []
     cfg = render_config(model).encode()
     path = os.path.join(d, "config.pbtxt")
@@ -304,7 +305,7 @@ def write_model(t, model, backends=None) -> list[str]:
     if w:
         wpath = os.path.join(d, str(model.version), w.served_name)
         if _file_sha(wpath) != w.sha256[:12]:
-            os.makedirs(os.path.dirname(wpath), exist_ok=True)
+            ensure_trusted_dir(os.path.dirname(wpath), "model directory")
             copy_pinned(w.file, wpath, w.sha256, "build.weights")
             written.append(wpath)
     if model.backend == "hkbatch":
@@ -323,7 +324,7 @@ def write_model(t, model, backends=None) -> list[str]:
 
 def write_repository(t, backends=None) -> list[str]:
     """Render every model of the profile; models not in the profile are left alone."""
-    os.makedirs(t.model_repository, exist_ok=True)
+    ensure_trusted_dir(t.model_repository, "model repository")
     out = []
     for m in t.models:
         out += write_model(t, m, backends)

@@ -54,8 +54,11 @@ def _sha_file(path: str) -> str:
 
 
 def trtexec_path() -> str | None:
-    return shutil.which("trtexec") or next(
-        (p for p in ("/usr/src/tensorrt/bin/trtexec", "/opt/tensorrt/bin/trtexec") if os.access(p, os.X_OK)), None)
+    """trtexec on PATH or where TensorRT puts it, passing fsutil's trust rule (root never runs one
+    another user owns or can write: a refused one is skipped)."""
+    from hkgpu_tune.core.fsutil import program_refusal
+    found = [shutil.which("trtexec"), "/usr/src/tensorrt/bin/trtexec", "/opt/tensorrt/bin/trtexec"]
+    return next((p for p in found if p and os.access(p, os.X_OK) and not program_refusal(p)), None)
 
 
 def tensorrt_version(cmd: Command, exe: str) -> str:

@@ -17,7 +17,7 @@ Per GPU two settings, applied in this order and rolled back in the reverse one:
 from __future__ import annotations
 
 from hkgpu_tune.backends.mig import IN_USE, RESET_REQUIRED, SUCCESS
-from hkgpu_tune.core.errors import ApplyError, HkError, UnsupportedError
+from hkgpu_tune.core.errors import ApplyError, HkError, TargetGone, UnsupportedError
 from hkgpu_tune.core.report import DRIFT, ERROR, OK, UNSUPPORTED
 from hkgpu_tune.subsystems.base import Subsystem
 from hkgpu_tune.subsystems.gpu import MigEntry
@@ -135,8 +135,14 @@ class Plugin(Subsystem):
 
     def write(self, target, key, value, data):
         i = data["index"]
-        if data.get("uuid") and self.b.nvml.gpu(i, ("uuid",))["uuid"] != data["uuid"]:
-            raise ApplyError(f"{target}: GPU {i} is no longer {data['uuid']}: nothing changed")
+        if data.get("uuid"):   # as the gpu subsystem: a replaced or missing board is another device
+            try:
+                now = self.b.nvml.gpu(i, ("uuid",)).get("uuid")
+            except HkError:
+                now = None
+            if now != data["uuid"]:
+                raise TargetGone(f"{target}: the GPU at index {i} is {now or 'gone'}, not {data['uuid']} whose "
+                                 f"{key} this is: not touched, its original is kept")
         busy = self._busy(i)
         if busy:
             raise ApplyError(f"{target} {key}: GPU {i} is in use by pid {', '.join(map(str, busy))}: "

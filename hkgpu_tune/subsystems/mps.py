@@ -162,6 +162,42 @@ def render_unit(cfg: MpsProfile, exe: str = f"/usr/bin/{CONTROL}", gpus=None) ->
     return "\n".join(lines)
 
 
+def unit_is_rendered(text) -> bool:
+    """Whether a unit text is byte for byte what render_unit writes for settings a profile could
+    name: its fields are read back (user, directories, GPUs, program, the two defaults), checked
+    by the profile's own rules and rendered again. The only unit text rollback writes back."""
+    from hkgpu_tune.backends.mps import safe_root as root_of
+    if not isinstance(text, str) or len(text) > 65536 or not text.startswith("# Rendered by hkgpu-tune (mps"):
+        return False
+    f = dict(ln.split("=", 1) for ln in text.split("\n")
+             if "=" in ln and ln.split("=", 1)[0] in ("User", "ExecStart"))
+    env = dict(ln[len("Environment="):].split("=", 1) for ln in text.split("\n") if ln.startswith("Environment="))
+    pct = re.findall(r"echo set_default_active_thread_percentage ([0-9]{1,3}) ", text)
+    pinned = re.findall(rf"echo set_default_device_pinned_mem_limit ([0-9]{{1,2}}) ({SIZE_RE}) ", text)
+    exe = (f.get("ExecStart") or "").removesuffix(" -d")
+    dirs = [env.get("CUDA_MPS_PIPE_DIRECTORY", ""), env.get("CUDA_MPS_LOG_DIRECTORY", "")]
+    if not (re.fullmatch(r"[a-z_][a-z0-9_-]{0,31}", f.get("User", "")) and len(pct) <= 1
+            and re.fullmatch(rf"/[A-Za-z0-9_./-]{{1,255}}/{CONTROL}", exe) and os.path.normpath(exe) == exe
+            and all(re.fullmatch(r"/[A-Za-z0-9_./-]{1,255}", d) and os.path.normpath(d) == d and root_of(d)
+                    for d in dirs)):
+        return False
+    gpus = env.get("CUDA_VISIBLE_DEVICES")
+    if gpus is not None:
+        from hkgpu_tune.serve.devices import MIG_RE
+        parts = gpus.split(",")
+        if not (len(parts) == 1 and re.fullmatch(MIG_RE, parts[0])
+                or all(re.fullmatch(r"[0-9]{1,4}", g) for g in parts)):
+            return False
+        gpus = tuple(g if g.startswith("MIG-") else int(g) for g in parts)
+    cfg = MpsProfile(pipe_dir=dirs[0], log_dir=dirs[1], gpus=gpus, user=f["User"],
+                     default_active_thread_percentage=int(pct[0]) if pct else None,
+                     default_pinned_mem_limit=tuple((int(d), sz) for d, sz in pinned))
+    try:
+        return render_unit(cfg, exe, gpus) == text
+    except HkError:
+        return False
+
+
 # systemd makes (and owns) a service's directories under these roots; nothing else is chowned
 _UNIT_DIRS = {"/run": ("RuntimeDirectory", "/run"), "/var/run": ("RuntimeDirectory", "/var/run"),
               "/var/log": ("LogsDirectory", "/var/log"), "/var/lib/hkgpu-tune": ("StateDirectory", "/var/lib")}
@@ -283,6 +319,12 @@ class Plugin(Subsystem):
                 cur = st["unit"]["text"]
                 if cur == text:
                     res.append(self.result("mps", "unit", c.unit, c.unit, OK))
+                elif cur is not None and not unit_is_rendered(cur):
+                    # an admin's own unit: overwriting it would leave rollback a text it may not trust
+                    res.append(self.result("mps", "unit", "not hkgpu-tune's", c.unit, ERROR,
+                                           f"unit file {c.unit} exists and is not one "
+                                           "hkgpu-tune rendered: left as it is (remove it, or name another "
+                                           "unit in mps.unit)"))
                 else:
                     res.append(self.result("mps", "unit", None if cur is None else "differs", c.unit, DRIFT,
                                            "unit file missing" if cur is None else "unit file differs from the profile",

@@ -121,8 +121,18 @@ class Engine:
             rep.rolled_back = True
             if errs:
                 rep.error += "; rollback also failed: " + "; ".join(m for _, m in errs)
+            if j.save_error:   # the journal could not follow the undo: say what state the host is in
+                rep.error += ("; " + (f"every one of its {len(j.written)} write(s) was undone" if not errs else
+                                      "the writes above were not undone") +
+                              f", but {self.state.path} could not be rewritten ({j.save_error}): it may still "
+                              "list originals already put back (rollback writes them again, harmlessly)")
             return rep
-        j.finish()
+        try:
+            j.finish()
+        except HkError as e:
+            rep.error = (f"applied, but {self.state.path} could not be updated ({e}): the originals were saved "
+                         "before each write, so rollback restores this host")
+            return rep
         rep.results = self.verify()
         for r in rep.results:
             if (r.subsystem, r.target, r.key) in j.refusals and r.status == "drift":
@@ -179,6 +189,7 @@ class Engine:
             _refuse_legacy(self.state.dir)
         with self.state.lock():
             entries = self.state.load()
+            stale, save_error = 0, ""
             for c in reversed(list(entries)):
                 if only and c.subsystem not in only:
                     continue
@@ -196,12 +207,26 @@ class Engine:
                 except HkError as e:
                     rep.errors.append(f"{c.subsystem} {c.target} {c.key}: {e}")
                     continue
+                except OSError as e:   # one entry's failure never stops the others
+                    rep.errors.append(f"{c.subsystem} {c.target} {c.key}: {e.filename or ''}: {e.strerror}")
+                    continue
                 else:
                     rep.restored.append(c)
                     if line:
                         rep.files.append(line)
                 entries.remove(c)
-                self.state.save(entries, register=False)   # shrinking: listed already
+                # shrinking (listed already); a full or read-only directory never stops the restores
+                try:
+                    self.state.save(entries, register=False)
+                    stale, save_error = 0, ""
+                except (HkError, OSError) as e:
+                    stale, save_error = stale + 1, str(e)
+            if save_error:
+                rep.errors.append(f"{self.state.path}: could not be rewritten ({save_error}): every original "
+                                  f"reported restored above is back on the host, but the state file still lists "
+                                  f"{stale} of them; run rollback again once the directory is writable (restoring "
+                                  "again is harmless)")
+                rep.stale = stale
         return rep
 
 
@@ -214,6 +239,12 @@ class RollbackReport:
     kept: list[Change] = field(default_factory=list)        # target gone, original kept
     forgotten: list[str] = field(default_factory=list)      # target gone, dropped on --forget
     files: list[str] = field(default_factory=list)          # persisted files removed or restored
+    stale: int = 0      # restored, but still listed: the state file could not be rewritten
+
+    @property
+    def kept_files(self) -> list[str]:
+        """Files left as they are (changed since the tool wrote them): the host is not as before."""
+        return [f for f in self.files if f.startswith("kept ")]
 
     def __iter__(self):
         return iter((self.restored, self.errors))

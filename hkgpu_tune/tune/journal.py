@@ -32,6 +32,7 @@ class Journal:
         self.written: list[Change] = []
         self.refusals: dict[tuple, str] = {}
         self.stuck: list[Change] = []     # refused, and the original could not be put back either
+        self.save_error: str = ""         # the state file could not be rewritten while undoing (a full disk)
 
     # ------------------------------------------------------------ events
     def _log(self, event: str, c: Change, detail: str = "") -> None:
@@ -112,7 +113,17 @@ class Journal:
         e = self._entry(c)
         if e is not None:
             self.entries.remove(e)
+            self._save_undoing()
+
+    def _save_undoing(self) -> None:
+        """Save while undoing: a state file that cannot be rewritten (a full or read-only
+        directory) never stops the undo; the failure is kept for the report. The entries left on
+        disk are originals already put back: a later rollback writes them again, harmlessly."""
+        try:
             self.save()
+            self.save_error = ""
+        except (HkError, OSError) as e:
+            self.save_error = str(e)
 
     # ------------------------------------------------------------ undo
     def undo_run(self, restore: Callable[[Change], None]) -> list[tuple[Change, str]]:
@@ -131,7 +142,7 @@ class Journal:
         keep = {c.setting for c, _ in errs} | {c.setting for c in self.stuck}
         mine = {c.setting for c in self.this_run} - keep - self.earlier
         self.entries = [e for e in self.entries if e.setting not in mine]
-        self.save()
+        self._save_undoing()
         return errs
 
     def finish(self) -> None:

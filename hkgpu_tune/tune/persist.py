@@ -176,8 +176,7 @@ class Writer:
         except FileExistsError:
             if not os.path.isdir(bdir) or os.path.islink(bdir):
                 raise HkError(f"{bdir}: not a directory: refused") from None
-        backup = os.path.join(bdir, path.strip("/").replace("/", "__"))
-        atomic_write(backup, data, mode=0o600)
+        backup = _new_file(os.path.join(bdir, path.strip("/").replace("/", "__")), data)
         return {"backup": backup, "sha256": _sha(data), "mode": stat.S_IMODE(st.st_mode)}
 
     def write(self, rel_or_abs: str, text: str, mode=0o644) -> str:
@@ -214,6 +213,32 @@ class Writer:
         fsync_dir(os.path.dirname(path))
         self.j.wrote(c)
         return path
+
+
+def _new_file(base: str, data: bytes) -> str:
+    """Write data to a file that did not exist (base, else base.1, base.2, ...): a backup is never
+    overwritten, so the original a rollback kept (a file changed since the tool wrote it) survives
+    the next apply --persist. Returns the path written."""
+    for i in range(1000):
+        path = base if i == 0 else f"{base}.{i}"
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise HkError(f"{path}: cannot write the backup: {e.strerror}", e.errno) from None
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except OSError as e:
+            raise HkError(f"{path}: cannot write the backup: {e.strerror}", e.errno) from None
+        finally:
+            os.close(fd)
+        fsync_dir(os.path.dirname(path))
+        return path
+    raise HkError(f"{base}: a thousand backups of this file already: refused (clean {os.path.dirname(base)} by hand)")
 
 
 def _sha(data: bytes) -> str:
@@ -276,7 +301,9 @@ def undo_file(c: Change, state_dir: str) -> str:
         _drop_backup(orig["backup"], state_dir)
         return f"{path}: already restored"
     if now is not None and now not in c.desired["sha256"]:
-        return f"kept {path}: changed since hkgpu-tune wrote it (not removed, not restored)"
+        # the backup stays (never overwritten, see _new_file): the operator decides
+        return f"kept {path}: changed since hkgpu-tune wrote it (not removed, not restored)" + (
+            f"; its original from before hkgpu-tune stays at {orig['backup']}" if orig else "")
     if orig is None:
         os.unlink(path)
         fsync_dir(os.path.dirname(path))
@@ -313,8 +340,8 @@ def _read_backup(orig: dict, state_dir: str) -> bytes:
 def _drop_backup(backup: str, state_dir: str) -> None:
     try:
         os.unlink(_backup_path(backup, state_dir))
-    except FileNotFoundError:
-        pass
+    except OSError:
+        pass   # gone already, or a read-only directory: a backup left over is harmless (never reused)
 
 
 def _refuse_legacy(state_dir: str) -> None:
@@ -525,7 +552,10 @@ def unpersist(state_dir: str, host_dir: str | None = None) -> list[str]:
                 errs.append(f"{e.filename or c.target}: {e.strerror}")
                 continue
             entries.remove(c)
-            st.save(entries, register=False)
+            try:
+                st.save(entries, register=False)
+            except (HkError, OSError) as e:   # the file is back; its entry is restored again later
+                errs.append(f"{st.path}: could not be rewritten ({e}): {c.target} is restored but still listed")
             if c.target.endswith("/" + UNIT_FILE):
                 try:
                     done += _forget_textfile(c.target[:-len(UNIT_FILE)])

@@ -132,6 +132,10 @@ def _sysctl(c: Change) -> None:
     text(c.key, "key", maxlen=255)
     if not valid_sysctl_key(c.key):
         _fail(f"key: {c.key!r} is not a sysctl under /proc/sys")
+    from hkgpu_tune.core.sysctl_names import forbidden
+    why = forbidden(c.key)   # the profile's own rule: a state file names no key a profile could not
+    if why:
+        _fail(f"key: {why}")
     text(c.current, "original", maxlen=1024)
     text(c.desired, "desired", maxlen=1024, none=True)
     if set(c.data) - {"identity"}:
@@ -309,8 +313,11 @@ def _mps(c: Change) -> None:
         if not re.fullmatch(r"[A-Za-z0-9:_.@-]+\.service", d["unit"]):
             _fail(f"data.unit: {d['unit']!r} is not a service unit name")
         text(d.get("old"), "data.old", lines=True, maxlen=1 << 20, none=True)
-        text(c.current, "original", maxlen=64, none=True)
+        one_of(c.current, "original", (None, "differs"))
         text(c.desired, "desired", lines=True, maxlen=1 << 20, none=True)
+        from hkgpu_tune.subsystems.mps import unit_is_rendered
+        if d.get("old") is not None and not unit_is_rendered(d["old"]):   # the text rollback writes back
+            _fail("data.old: not a unit hkgpu-tune renders for any mps section: refused")
     elif c.key == "daemon":
         one_of(c.current, "original", ("running", "stopped"))
         one_of(c.desired, "desired", ("running", "stopped"))
@@ -371,6 +378,13 @@ def _triton(c: Change) -> None:
                 check_record(c.data)
             except StateError as e:
                 _fail(str(e))
+    if c.key == "unit" and c.data.get("before") is not None:   # the text rollback writes back
+        from hkgpu_tune.core.errors import HkError
+        from hkgpu_tune.serve.shapes import check_unit_text
+        try:
+            check_unit_text(c.data["before"])
+        except HkError as e:
+            _fail(str(e))
     if c.key == "command":   # a respawn record: only a Triton server command (serve.records)
         from hkgpu_tune.core.errors import HkError
         from hkgpu_tune.serve.records import check_record
@@ -492,10 +506,14 @@ def validate(c: Change) -> str:
                 plain(v, f"data.{k}")
     if "where" in c.data:   # core.place: the host and network namespace the original was read in
         w = c.data["where"]
-        if not (isinstance(w, dict) and set(w) <= {"host", "netns"} and isinstance(w.get("host", ""), str)
+        if not (isinstance(w, dict) and set(w) <= {"host", "netns", "netns_id", "init"}
+                and isinstance(w.get("host", ""), str)
                 and re.fullmatch(r"[0-9a-fA-F]{0,64}", w.get("host", "")) and
-                (w.get("netns") is None or isinstance(w["netns"], int) and not isinstance(w["netns"], bool))):
-            _fail("data.where: expected {host: machine id, netns: inode}")
+                (w.get("netns") is None or isinstance(w["netns"], int) and not isinstance(w["netns"], bool))
+                and (w.get("netns_id") is None or isinstance(w["netns_id"], str)
+                     and re.fullmatch(r"[0-9a-f-]{1,64}:[0-9]{1,20}", w["netns_id"]))
+                and isinstance(w.get("init", False), bool)):
+            _fail("data.where: expected {host: machine id, netns: inode, netns_id: boot id:cookie, init}")
         import dataclasses
         c = dataclasses.replace(c, data={k: v for k, v in c.data.items() if k != "where"})
     REGISTRY[t].check(c)

@@ -78,15 +78,33 @@ class State:
         return True
 
     # ------------------------------------------------------------ the lock
+    lock_wait_s: float = 0.0   # how long lock() waits for another holder (apply/rollback --lock-wait)
+
     @contextmanager
     def lock(self):
-        """Hold the host lock, then the state directory's lock (non-blocking: another holder is a
-        LockError naming its pid): one apply, rollback, persist or health run per host at a time,
-        whatever state directory each names."""
-        with self.host.lock(self.dir):
-            self.check_dir(create=True)     # made only once the host lock is ours
-            with self._dir_lock():
-                yield
+        """Hold the host lock, then the state directory's lock: one apply, rollback, persist or
+        health run per host at a time, whatever state directory each names. Another holder: wait
+        up to lock_wait_s, then a LockError naming its pid."""
+        from contextlib import ExitStack
+        deadline = time.monotonic() + max(0.0, float(self.lock_wait_s))
+        while True:
+            stack = ExitStack()
+            try:
+                stack.enter_context(self.host.lock(self.dir))
+                self.check_dir(create=True)     # made only once the host lock is ours
+                stack.enter_context(self._dir_lock())
+            except LockError:
+                stack.close()
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
+                continue
+            except BaseException:
+                stack.close()
+                raise
+            break
+        with stack:
+            yield
 
     @contextmanager
     def _dir_lock(self):
@@ -181,6 +199,8 @@ class State:
             os.unlink(self.path)
         except FileNotFoundError:
             return
+        except OSError as e:
+            raise HkError(f"{self.path}: cannot remove: {e.strerror}", e.errno) from None
         from hkgpu_tune.core.fsutil import fsync_dir
         fsync_dir(self.dir)
         self.host.note(self.dir, False)

@@ -51,9 +51,9 @@ def test_two_applies_at_once_one_fails_fast_and_no_original_is_lost(net, tmp_pat
             assert first.poll() is None and time.monotonic() < end, first.communicate()
             time.sleep(0.02)
         t = time.monotonic()
-        second = run(net, "apply", "--profile", p, "--state-dir", str(st))
+        second = run(net, "apply", "--profile", p, "--state-dir", str(st), "--lock-wait", "0")
         took = time.monotonic() - t
-        roll = run(net, "rollback", "--state-dir", str(st))
+        roll = run(net, "rollback", "--state-dir", str(st), "--lock-wait", "0")
         assert first.poll() is None, "the first apply ended before the second ran: nothing was tested"
     finally:
         out, err = first.communicate(timeout=60)

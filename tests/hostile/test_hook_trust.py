@@ -127,3 +127,35 @@ def test_the_profile_refuses_a_relative_or_dotted_program(tmp_path):
         p = subprocess.run([sys.executable, "-m", "hkgpu_tune", "health", "--profile", str(f), "--no-hooks"],
                            capture_output=True, text=True, timeout=60)
         assert p.returncode == 1 and f"{f}:3" in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("argv", [
+    ["/bin/sh", "-c", "/usr/bin/id > {mark}"],
+    ["/bin/bash", "-ec", "touch {mark}"],
+    ["/usr/bin/env", "touch", "{mark}"],          # a program found by name on PATH
+    ["/bin/sh", "-s"],
+    [sys.executable, "-c", "open('{mark}', 'w')"],
+    ["/usr/bin/perl", "-e", "open(F, '>{mark}')"],
+])
+def test_a_string_of_code_is_not_a_hook(d, argv):
+    """A shell's -c string (or an interpreter's -c/-e code, or a launcher naming a program by name)
+    runs whatever the string names: no trust check sees into it. Refused at run time and in the
+    profile (file:line), nothing runs."""
+    mark = d / "ran"
+    argv = [a.replace("{mark}", str(mark)) for a in argv]
+    rec = run_hook(argv, {}, 5)
+    assert not rec["ok"] and rec["pid"] is None and "refused" in rec["error"] and not mark.exists(), rec
+    f = d / "p.yaml"
+    import json
+    f.write_text(f"name: x\nhealth:\n  on_unhealthy: {json.dumps(argv)}\n")
+    p = subprocess.run([sys.executable, "-m", "hkgpu_tune", "health", "--profile", str(f), "--no-hooks"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and f"{f}:3" in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_a_trusted_script_given_to_a_shell_still_runs(d):
+    mark = d / "ran"
+    s = d / "drain.sh"
+    s.write_text(f"touch {mark}\n")
+    rec = run_hook(["/bin/sh", str(s)], {}, 5)
+    assert rec["ok"] and mark.exists(), rec

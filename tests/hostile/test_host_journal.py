@@ -99,9 +99,9 @@ def test_a_run_with_another_state_dir_fails_fast_on_the_host_lock(net, tmp_path)
             assert first.poll() is None and time.monotonic() < end, first.communicate()
             time.sleep(0.02)
         t = time.monotonic()
-        second = run(net, "apply", "--profile", p, "--state-dir", str(other))
+        second = run(net, "apply", "--profile", p, "--state-dir", str(other), "--lock-wait", "0")
         took = time.monotonic() - t
-        roll = run(net, "rollback", "--state-dir", str(first_dir))   # its own dir's rollback waits too
+        roll = run(net, "rollback", "--state-dir", str(first_dir), "--lock-wait", "0")
         assert first.poll() is None, "the first apply ended before the second ran: nothing was tested"
     finally:
         out, err = first.communicate(timeout=60)
@@ -127,7 +127,7 @@ def test_health_and_persist_take_the_host_lock_too(net, tmp_path):
         assert holder.stdout.readline().strip() == "held"
         p = mtu_profile(tmp_path, net, 9000, "p.yaml")
         for args in (("health", "--profile", p, "--state-dir", str(mine)),
-                     ("apply", "--persist", "--profile", p, "--state-dir", str(mine))):
+                     ("apply", "--persist", "--profile", p, "--state-dir", str(mine), "--lock-wait", "0")):
             r = run(net, *args)
             assert r.returncode == 1 and f"holds the lock (pid {holder.pid}) with the state directory {held}" \
                 in r.stderr, (args, r.stdout, r.stderr)

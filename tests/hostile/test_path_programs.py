@@ -79,3 +79,59 @@ def test_a_trusted_program_on_path_runs(monkeypatch, tmp_path):
     on_path(monkeypatch, tmp_path / "bin")
     assert Command().run(["ethtool", "--version"]).out == "ran\n"
     assert marker.exists()
+
+
+def test_baseline_capture_never_runs_a_trtexec_another_user_controls(monkeypatch, hostile, tmp_path):
+    """The engine bench of `baseline capture` with a plan named: trtexec is looked up by name; a
+    hostile one first on PATH is skipped (the bench falls back, the marker is never made)."""
+    from types import SimpleNamespace
+
+    from hkgpu_tune.baseline import engine_bench
+    from hkgpu_tune.serve.tensorrt import trtexec_path
+    d, marker, make, kind = hostile
+    make("trtexec")
+    if kind == "dir-writable":
+        os.chmod(d, 0o777)
+    on_path(monkeypatch, d)
+    assert trtexec_path() is None or not trtexec_path().startswith(str(d))
+    plan = tmp_path / "model.plan"
+    plan.write_bytes(b"plan")
+    engine_bench.run(SimpleNamespace(plan=str(plan), batch=1), quick=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prog", ["as", "ld"])
+def test_the_hkbatch_build_never_runs_an_assembler_or_linker_another_user_controls(monkeypatch, hostile, prog):
+    """The compiler driver runs `as` and `ld` from PATH where its own directories lack them: the
+    build runs with a PATH of system directories only, and what the driver resolves passes the
+    trust rule. A hostile one first on the caller's PATH is never run."""
+    from hkgpu_tune.serve import batch_backend
+    d, marker, make, kind = hostile
+    make(prog)
+    if kind == "dir-writable":
+        os.chmod(d, 0o777)
+    on_path(monkeypatch, d)
+    batch_backend.compiler.cache_clear()
+    cxx = batch_backend.compiler()
+    if cxx is None:
+        pytest.skip("no C++ compiler with a static libstdc++ here")
+    assert batch_backend.toolchain_refusal(cxx) is None     # the system's own as and ld
+    out = d.parent / "built"
+    batch_backend.install(str(out))
+    assert (out / batch_backend.LIBRARY).exists()
+
+
+def test_a_driver_that_resolves_an_untrusted_assembler_is_not_used(tmp_path):
+    """The driver's own answer (-print-prog-name) is checked: one that names an assembler another
+    user can write is refused."""
+    from hkgpu_tune.serve import batch_backend
+    d = tmp_path / "tc"
+    d.mkdir()
+    os.chmod(tmp_path, 0o755)
+    asm = d / "as"
+    asm.write_text("#!/bin/sh\nexit 0\n")
+    os.chmod(asm, 0o777)
+    drv = d / "c++"
+    drv.write_text(f"#!/bin/sh\ncase \"$1\" in -print-prog-name=as) echo {asm};; *) echo ld;; esac\n")
+    os.chmod(drv, 0o755)
+    assert "writable by other users" in batch_backend.toolchain_refusal(str(drv))

@@ -157,12 +157,12 @@ def test_a_saved_unit_rollback_would_write_runs_only_trusted_programs(tmp_path):
     rendered = launch.render_unit(t, {"cpus": [], "mems": [], "source": "test"})
     records.check_unit_text(rendered)
     os.chmod(tmp_path, 0o755)
-    evil = tmp_path / "evil"
+    evil = tmp_path / "tritonserver"
     evil.write_text("#!/bin/sh\n")
     os.chown(evil, NOBODY, -1)
     exec_line = next(ln for ln in rendered.splitlines() if ln.startswith("ExecStart="))
     for bad, why in ((rendered.replace(exec_line, f"ExecStart={evil} --x"), "uid 65534"),
-                     (rendered + "ExecStartPost=sh -c id\n", "not a program by absolute path"),
+                     (rendered + "ExecStartPost=sh -c id\n", "never write"),
                      ("[Service]\nExecStart=/bin/true\n", "not one hkgpu-tune rendered")):
         with pytest.raises(HkError, match=why):
             records.check_unit_text(bad)

@@ -377,8 +377,12 @@ def test_untrusted_state_is_refused_and_no_hook_runs(host):
     assert p.returncode == 1 and "writable by group or others" in p.stderr and marks(mk) == []
 
 
-def test_a_second_run_at_the_same_time_is_refused(host):
-    hook = host.script("slow.sh", "sleep 3\n")
+def test_a_second_run_during_a_hook_neither_waits_nor_runs_it_again(host):
+    """The hook runs outside the host lock (a drain may take an hour): a second health run at the
+    same time is not refused; it sees the first one's claim and does not start the hook again. An
+    apply or rollback meanwhile is not refused either."""
+    mk = host.dir / "ran"
+    hook = host.script("slow.sh", f"echo x >> {mk}\nsleep 3\n")
     host.write_profile(on_unhealthy=[hook])
     host.set(gpu=0, raw=REMAP_PENDING)
     env = {**os.environ, "HKGPU_TUNE_NVML_REPLAY": str(host.replay), "HKGPU_TUNE_KMSG_REPLAY": str(host.kmsg)}
@@ -387,13 +391,15 @@ def test_a_second_run_at_the_same_time_is_refused(host):
                              stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 20
-        while time.time() < deadline:
-            if (host.state / "lock").exists() and first.poll() is None:
-                time.sleep(0.5)
-                break
+        while time.time() < deadline and not mk.exists():
             time.sleep(0.05)
+        assert mk.exists() and first.poll() is None
         p, doc = host.run()
-        assert p.returncode == 1 and f"health run holds the lock (pid {first.pid})" in p.stderr
+        assert p.returncode == 2, p.stderr
+        assert f"is running (pid {first.pid})" in doc["action"]["held_down"], doc["action"]
+        r = hk("rollback", "--state-dir", str(host.state), "--lock-wait", "0")
+        assert r.returncode == 0 and "nothing to roll back" in r.stdout, r.stdout + r.stderr
+        assert first.poll() is None, "the hook ended before the checks above: they proved nothing"
     finally:
         first.wait(timeout=30)
-    assert first.returncode == 2
+    assert first.returncode == 2 and mk.read_text() == "x\n"

@@ -1,0 +1,39 @@
+"""A failed, rolled-back converge leaves the node profile as it was: the failed sections are never
+left in node.yaml (the boot unit and the next verify read it as what the host should have)."""
+import pytest
+
+from hkgpu_tune.core.errors import ApplyError
+from hkgpu_tune.fleet.converge import ConvergeFailed, converge
+
+from ..unit.test_engine import host
+
+
+def failing_host():
+    b = host()
+    real = b.sysctl.write
+
+    def write(key, value, *a, **k):
+        if key == "net.ipv4.tcp_mtu_probing":
+            raise ApplyError(f"{key}: the kernel refused the write (test)")
+        return real(key, value, *a, **k)
+    b.sysctl.write = write
+    return b
+
+
+@pytest.mark.parametrize("before", [None, "name: node\nsysctl:\n  net.core.rmem_max: 4194304\n"])
+def test_a_rolled_back_converge_puts_node_yaml_back(tmp_path, before):
+    node = tmp_path / "node.yaml"
+    if before is not None:
+        node.write_text(before)
+    b = failing_host()
+    start = dict(b.sysctl.values)
+    sections = {"sysctl": {"net.core.rmem_max": 268435456, "net.ipv4.tcp_mtu_probing": 1}}
+    with pytest.raises(ConvergeFailed) as e:
+        converge(sections, False, profile_path=str(node), state_dir=str(tmp_path / "st"),
+                 host_dir=str(tmp_path / "host"), backends=b)
+    assert e.value.result.get("rolled_back") and e.value.result.get("profile_restored") == str(node)
+    assert b.sysctl.values == start
+    if before is None:
+        assert not node.exists()
+    else:
+        assert node.read_text() == before
