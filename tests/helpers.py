@@ -50,3 +50,18 @@ def role_filters() -> dict:
         spec.loader.exec_module(mod)
         out.update({f"hkgpu.tune.{k}": v for k, v in mod.FilterModule().filters().items()})
     return out
+
+
+def processes(match) -> list:
+    """Live processes (not zombies) for which match(process) is true. A process may exit at any moment
+    of a scan (psutil raises NoSuchProcess, or AccessDenied for a pid reused by another user): such a
+    process is not a match. Every test that scans the machine's processes goes through here."""
+    import psutil
+    out = []
+    for p in psutil.process_iter(["pid", "name", "cmdline", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and match(p):
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out

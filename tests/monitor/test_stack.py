@@ -19,10 +19,10 @@ import time
 import urllib.parse
 import urllib.request
 
-import psutil
 import pytest
 import yaml
 
+from tests.helpers import processes
 from tests.triton.conftest import HAVE_PYTRITON, dump, free_ports, profile_dict
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -157,14 +157,7 @@ def netns_up():
 
 
 def ours(root) -> list:
-    out = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        try:
-            if p.info["status"] != psutil.STATUS_ZOMBIE and str(root) in " ".join(p.info["cmdline"] or []):
-                out.append(p)
-        except psutil.Error:
-            continue
-    return out
+    return processes(lambda p: str(root) in " ".join(p.info["cmdline"] or []))
 
 
 @pytest.fixture(scope="module")
