@@ -22,6 +22,18 @@ def pytest_unconfigure(config):
         shutil.rmtree(d, ignore_errors=True)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def module_host_dir(tmp_path_factory):
+    """The host directory of a module's wider fixtures (a server one module's tests share): autouse
+    fixtures of a scope are set up before the others of that scope, so what a module fixture applies
+    is registered here, and a journal it leaves cannot refuse another module's apply (the test's own,
+    below, takes over inside each test)."""
+    d = tmp_path_factory.mktemp("modhost")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HKGPU_TUNE_HOST_DIR", str(d))
+        yield d
+
+
 @pytest.fixture(autouse=True)
 def host_dir(tmp_path_factory, monkeypatch):
     """This test's host directory (HKGPU_TUNE_HOST_DIR): tests with temporary state directories
