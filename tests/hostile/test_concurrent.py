@@ -59,7 +59,9 @@ def test_two_applies_at_once_one_fails_fast_and_no_original_is_lost(net, tmp_pat
         out, err = first.communicate(timeout=60)
     assert second.returncode == 1 and f"holds the lock (pid {first.pid})" in second.stderr, second.stderr
     assert roll.returncode == 1 and "holds the lock" in roll.stderr, roll.stderr
-    assert took < 3 and "Traceback" not in second.stderr
+    # it did not wait for the lock: it ended while the first still held it (asserted above), whatever
+    # the machine's speed (`took` only for the message)
+    assert "Traceback" not in second.stderr, (took, second.stderr)
     assert first.returncode == 0, out + err
     assert settings(net) != start
     r = run(net, "rollback", "--state-dir", str(st))

@@ -107,7 +107,8 @@ def test_a_run_with_another_state_dir_fails_fast_on_the_host_lock(net, tmp_path)
         out, err = first.communicate(timeout=60)
     want = f"holds the lock (pid {first.pid}) with the state directory {first_dir}"
     assert second.returncode == 1 and want in second.stderr and "Traceback" not in second.stderr, second.stderr
-    assert len(second.stderr.strip().splitlines()) == 1 and took < 3
+    # not waited for the lock: it ended while the first still held it (asserted above)
+    assert len(second.stderr.strip().splitlines()) == 1, (took, second.stderr)
     assert not other.exists()                       # refused before anything, its directory included
     assert roll.returncode == 1 and want in roll.stderr, roll.stderr
     assert first.returncode == 0, out + err
