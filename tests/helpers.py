@@ -7,6 +7,14 @@ import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# this run's tag: every host-wide name a test creates (namespaces, units, directories outside its
+# tmp_path) carries it, so two runs on one machine never share, nor remove, each other's
+RUN_TAG = str(os.getpid())
+
+
+def tagged(base: str) -> str:
+    """A host-wide name of this run: base-RUN_TAG."""
+    return f"{base}-{RUN_TAG}"
 
 
 def env_tools_on_path() -> None:

@@ -22,14 +22,14 @@ import urllib.request
 import pytest
 import yaml
 
-from tests.helpers import processes
+from tests.helpers import processes, tagged
 from tests.triton.conftest import HAVE_PYTRITON, dump, free_ports, profile_dict
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 MON = os.path.join(REPO, "monitoring")
 H200 = os.path.join(REPO, "tests", "fixtures", "gpu", "h200-health.json")
 BUDGET_S = 90
-NS_NODE, NS_PEER = "hkmon-node", "hkmon-peer"
+NS_NODE, NS_PEER = tagged("hkmon-node"), tagged("hkmon-peer")
 BINS = {b: shutil.which(b) for b in ("prometheus", "prometheus-node-exporter", "promtool", "ip", "ping")}
 
 pytestmark = [
