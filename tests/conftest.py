@@ -4,11 +4,12 @@ import tempfile
 
 import pytest
 
-from tests import skip_report
+from tests import skip_report, slow_check
 
 
 def pytest_configure(config):
     skip_report.register(config)     # every skip listed with its reason; one without fails the run
+    slow_check.register(config)      # an unmarked test over 5 s is listed; far over, it fails the run
     # the host lock and registry of journals (hkgpu_tune/tune/host.py) are host-wide in the product;
     # a test run must not share them with another run on the machine (nor use the real ones): its
     # own, and each test its own below (fixtures of a wider scope get this one)

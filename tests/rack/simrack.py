@@ -7,11 +7,12 @@
 Layout (all addresses in 198.18.0.0/15, the benchmark range); K is this run's rack number (claimed
 under a lock in /run/hkrack, so two runs on one machine each get their own):
   root namespace: bridge hrKbr, 198.19.K.1/24, MTU 9000 (the rack's leaf switch)
-  hkrack-K-fab:   an unmanaged fabric peer at 198.19.K.250, MTU 9000 (storage / other rack)
-  hkrack-K-nN:    a host; veth eth0 198.19.K.(10+N)/24, MTU 1500 at start, sshd on eth0:22
+  hksim-K-fab:    an unmanaged fabric peer at 198.19.K.250, MTU 9000 (storage / other rack)
+  hksim-K-nN:     a host; veth eth0 198.19.K.(10+N)/24, MTU 1500 at start, sshd on eth0:22
 Each host's /etc/hkgpu-tune, /etc/sysctl.d and /etc/systemd are its own (/etc/netns/NAME/...,
 bind-mounted by `ip netns exec`); its state dir and venv live under the run directory.
 No default route: the hosts reach only the bridge and each other.
+(The names differ from the old hkrack-* ones, which an older copy of this file removes wholesale.)
 Clean-up removes only this run's rack, and racks whose owning process is gone (its pid and start
 time are in the claim).
 """
@@ -39,7 +40,7 @@ def _use(k: int | None) -> None:
     if k is None:
         PREFIX = BRIDGE = NET = GATEWAY = FABRIC_PEER = None
         return
-    PREFIX, BRIDGE, NET = f"hkrack-{k}-", f"hr{k}br", f"198.19.{k}"
+    PREFIX, BRIDGE, NET = f"hksim-{k}-", f"hr{k}br", f"198.19.{k}"
     GATEWAY, FABRIC_PEER = f"{NET}.1", f"{NET}.250"
 
 
@@ -49,7 +50,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))   # run as a script t
 from tests.helpers import REPO, sh  # noqa: E402
 # /etc entries each host gets its own copy of; `ip netns exec` binds only over existing /etc/X
 PRIVATE_ETC = ("hkgpu-tune", "sysctl.d", "systemd")
-MARK = "/etc/netns/.hkrack-created-etc.json"  # /etc dirs made for the bind mounts
+MARK = "/etc/netns/.hksim-created-etc.json"  # /etc dirs made for the bind mounts
 
 
 def host_names(n: int) -> list[str]:
@@ -58,7 +59,7 @@ def host_names(n: int) -> list[str]:
 
 def _link(name: str) -> str:
     """The root namespace's end of a host's veth (interface names have 15 characters at most)."""
-    return f"hr{name[len('hkrack-'):].replace('-', '')}"
+    return f"hr{name[len('hksim-'):].replace('-', '')}"
 
 
 def _start_ticks(pid: int) -> str:
@@ -94,7 +95,7 @@ def _alive(claim: dict) -> bool:
 
 def _remove(k: int) -> None:
     """Take down rack k's namespaces, links, /etc/netns entries and sshds (its own only)."""
-    prefix = f"hkrack-{k}-"
+    prefix = f"hksim-{k}-"
     for name in [n for n in _all_namespaces() if n.startswith(prefix)]:
         pids = sh("ip", "netns", "pids", name, check=False).stdout.split()
         for pid in pids:                  # the host's sshd and whatever it started
@@ -292,7 +293,7 @@ def up(n: int = 4, run: str = RUN_DIR, python: str | None = sys.executable, owne
 
 def _all_namespaces() -> list[str]:
     out = sh("ip", "netns", "list", check=False).stdout.split("\n")
-    return [line.split()[0] for line in out if line.startswith("hkrack-")]
+    return [line.split()[0] for line in out if line.startswith("hksim-")]
 
 
 def namespaces() -> list[str]:
