@@ -93,20 +93,34 @@ def _alive(claim: dict) -> bool:
     return bool(claim) and _start_ticks(claim.get("pid", 0)) == claim.get("start")
 
 
-def _remove(k: int) -> None:
-    """Take down rack k's namespaces, links, /etc/netns entries and sshds (its own only)."""
+def _remove(k: int, run: str | None = None) -> None:
+    """Take down rack k: its hosts' sshds (and whatever runs in its namespaces), namespaces, links,
+    /etc/netns entries and bridge; its own only (names hksim-K-*, links hrK*, K three digits)."""
     prefix = f"hksim-{k}-"
-    for name in [n for n in _all_namespaces() if n.startswith(prefix)]:
-        pids = sh("ip", "netns", "pids", name, check=False).stdout.split()
-        for pid in pids:                  # the host's sshd and whatever it started
+    names = [n for n in _all_namespaces() if n.startswith(prefix)]
+    pids = set()
+    for name in names:
+        pids.update(sh("ip", "netns", "pids", name, check=False).stdout.split())
+    if run and os.path.isdir(run):       # a namespace already gone keeps running while its sshd does
+        for e in os.listdir(run):
             try:
-                os.kill(int(pid), 15)
-            except (ProcessLookupError, ValueError):
+                with open(os.path.join(run, e, "sshd.pid")) as f:
+                    pids.add(f.read().split()[0])
+            except (OSError, IndexError):
                 pass
+    for pid in pids:
+        try:
+            os.kill(int(pid), 15)
+        except (ProcessLookupError, ValueError):
+            pass
+    for name in names:
         sh("ip", "netns", "del", name, check=False)
         shutil.rmtree(f"/etc/netns/{name}", ignore_errors=True)
-        sh("ip", "link", "del", _link(name), check=False)
-    sh("ip", "link", "del", f"hr{k}br", check=False)
+    links = sh("ip", "-o", "link", "show", check=False).stdout.splitlines()
+    for ln in links:
+        dev = ln.split(":")[1].strip().split("@")[0] if ln.count(":") > 1 else ""
+        if dev.startswith(f"hr{k}"):
+            sh("ip", "link", "del", dev, check=False)
 
 
 def _claim(run: str, owner: int) -> int:
@@ -115,7 +129,7 @@ def _claim(run: str, owner: int) -> int:
         claims = _claims()
         for k, c in claims.items():
             if c.get("run") == run or not _alive(c):
-                _remove(k)
+                _remove(k, c.get("run"))
                 os.unlink(os.path.join(CLAIMS, f"{k}.json"))
         claims = _claims()
         free = [k for k in range(FIRST, FIRST + RACKS) if k not in claims]
@@ -310,7 +324,7 @@ def down(run: str | None = None, quiet=False) -> None:
     if k is None:
         return
     with _locked():
-        _remove(k)
+        _remove(k, run)
         try:
             os.unlink(os.path.join(CLAIMS, f"{k}.json"))
         except FileNotFoundError:
