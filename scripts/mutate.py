@@ -30,7 +30,7 @@ CLIENT = "hkgpu_tune/serve/client.py"
 UNIT = ["tests/unit/test_normalize.py", "tests/unit/test_sysctl_compare.py", "tests/unit/test_qdisc_compare.py",
         "tests/unit/test_engine.py"]
 JOURNAL = ["tests/unit/test_engine.py", "tests/hostile/test_journal.py", "tests/hostile/test_kills.py"]
-PROFILE = ["tests/unit/test_profile.py", "tests/hostile/test_profile.py"]
+PROFILE = ["tests/unit/test_profile.py", "tests/unit/test_profile_bounds.py", "tests/hostile/test_profile.py"]
 
 MUTANTS = [
     # sysctl: compare and normalise
