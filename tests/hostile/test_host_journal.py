@@ -32,6 +32,7 @@ def registry(host_dir) -> list:
     return json.loads(f.read_text())["journals"] if f.exists() else []
 
 
+@pytest.mark.slow
 def test_a_setting_in_one_journal_is_never_saved_as_an_original_in_another(net, tmp_path, host_dir):
     a, b = tmp_path / "a", tmp_path / "b"
     p9000, p8000 = mtu_profile(tmp_path, net, 9000, "9000.yaml"), mtu_profile(tmp_path, net, 8000, "8000.yaml")

@@ -114,6 +114,7 @@ def check_back(net, st, start, root=None, start_tree=None, what=""):
         assert tree(root) == start_tree, what
 
 
+@pytest.mark.slow
 def test_kill_9_at_random_points_of_apply_then_rollback(net, tmp_path):
     p, st = kill_profile(tmp_path, net), tmp_path / "st"
     start = settings(net)
@@ -130,6 +131,7 @@ def test_kill_9_at_random_points_of_apply_then_rollback(net, tmp_path):
     assert killed >= 2, "apply finished before most kills: nothing was tested"
 
 
+@pytest.mark.slow
 def test_kill_9_at_random_points_of_rollback_then_rollback_again(net, tmp_path):
     p, st = kill_profile(tmp_path, net), tmp_path / "st"
     start = settings(net)
@@ -152,6 +154,7 @@ def test_kill_9_at_random_points_of_rollback_then_rollback_again(net, tmp_path):
     assert killed >= 1, "rollback finished before every kill: nothing was tested"
 
 
+@pytest.mark.slow
 def test_kill_9_at_random_points_of_apply_persist_then_rollback(net, tmp_path):
     p, st = kill_profile(tmp_path, net, count=1), tmp_path / "st"
     root = make_root(tmp_path, net)
@@ -211,6 +214,7 @@ def run_killed_at(net, n, *args):
     return p.returncode, (seen[0] if seen else 0), p.stderr
 
 
+@pytest.mark.slow
 def test_kill_9_at_write_points_of_apply_persist_and_of_its_rollback(net, tmp_path):
     """Every run kills at one write point drawn from all of them (8 per verb)."""
     p, st = kill_profile(tmp_path, net, count=1), tmp_path / "st"

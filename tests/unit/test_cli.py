@@ -9,6 +9,7 @@ def hk(*args, cwd=None):
     return subprocess.run([sys.executable, "-m", "hkgpu_tune", *args], capture_output=True, text=True, cwd=cwd)
 
 
+@pytest.mark.slow
 def test_bad_profile_exit_1_one_line_no_traceback(tmp_path):
     f = tmp_path / "hk.yaml"
     f.write_text("network:\n  interfaces:\n    - match: {name: eth0}\n      mtu: 9k\n")
