@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/install.sh --no-verify
 PY=$(cat .python-path)
-FAST=(tests/unit tests/hostile tests/gpu_unit)
+FAST=(tests/unit tests/hostile tests/gpu_unit)   # as tests/slow_check.py FAST_TIER
 args=()
 if [ "${1:-}" = "--fast" ]; then shift; args=(-m "not slow" "${FAST[@]}"); fi
 set +e

@@ -111,6 +111,7 @@ def infra(node, plant=None):
     return r, ids["PASSED"], ids["FAILED"]
 
 
+@pytest.mark.slow
 def test_infra_independent_of_a_wrong_compare(node):
     # every setting right: the tool and testinfra agree (7 settings: 3 sysctls, mtu, gro, tso, root qdisc)
     rc, res = verify(node)
