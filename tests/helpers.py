@@ -7,6 +7,14 @@ import subprocess
 import sys
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# this run's tag: every host-wide name a test creates (namespaces, units, directories outside its
+# tmp_path) carries it, so two runs on one machine never share, nor remove, each other's
+RUN_TAG = str(os.getpid())
+
+
+def tagged(base: str) -> str:
+    """A host-wide name of this run: base-RUN_TAG."""
+    return f"{base}-{RUN_TAG}"
 
 
 def env_tools_on_path() -> None:
@@ -49,4 +57,19 @@ def role_filters() -> dict:
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
         out.update({f"hkgpu.tune.{k}": v for k, v in mod.FilterModule().filters().items()})
+    return out
+
+
+def processes(match) -> list:
+    """Live processes (not zombies) for which match(process) is true. A process may exit at any moment
+    of a scan (psutil raises NoSuchProcess, or AccessDenied for a pid reused by another user): such a
+    process is not a match. Every test that scans the machine's processes goes through here."""
+    import psutil
+    out = []
+    for p in psutil.process_iter(["pid", "name", "cmdline", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and match(p):
+                out.append(p)
+        except psutil.Error:
+            continue
     return out

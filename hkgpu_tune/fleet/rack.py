@@ -26,6 +26,17 @@ PLAYBOOKS["baseline"] = "baseline.yml"   # capture and fetch snapshots; fleet/ba
 
 
 COLLECTION = ("collections", "ansible_collections", "hkgpu", "tune")   # under ansible_dir()
+# the per-host bound (rack --timeout): each task's action on a host (Ansible's task_timeout), and
+# connecting to it, ssh's banner included (Ansible's timeout, at most CONNECT_TIMEOUT_S); a host past
+# either is reported timed out or unreachable, never waited for in silence
+TIMEOUT_S = 900
+CONNECT_TIMEOUT_S = 30
+
+
+def connect_timeout(timeout: int) -> int:
+    """Connecting gets half the bound (at most CONNECT_TIMEOUT_S): a silent host is unreachable before
+    the task that waits on it times out."""
+    return max(1, min(CONNECT_TIMEOUT_S, timeout // 2))
 
 
 def ansible_dir() -> Path:
@@ -48,12 +59,13 @@ class HostResult:
     unreachable: int = 0
     skipped: int = 0
     last_task: str = ""
-    state: str = "waiting"          # waiting | running | ok | changed | failed | unreachable
+    state: str = "waiting"          # waiting | running | ok | changed | failed | unreachable | timed out
     msg: str = ""
     failures: list = field(default_factory=list)     # Result.to_dict() of failed settings
     results: list = field(default_factory=list)      # every Result.to_dict() the hkgpu module returned
     diffs: list = field(default_factory=list)        # --check/--diff: {"task", "diff"} (unified diff text)
     failed_check: str = ""   # verify | apply: the failures are what that read-back found; else msg says
+    timed_out: bool = False  # a task ran past the per-host bound (rack --timeout)
 
     @property
     def is_failed(self) -> bool:
@@ -107,6 +119,10 @@ def handle_event(hosts: dict, ev: dict) -> str | None:
             r.state = "changed"
         elif r.state != "changed":
             r.state = "running"
+    elif kind == "runner_on_failed" and res.get("timedout"):   # Ansible's task_timeout (rack --timeout)
+        period = (res["timedout"] or {}).get("period") if isinstance(res["timedout"], dict) else None
+        r.state, r.timed_out = "timed out", True
+        r.msg = f"timed out: {data.get('task', 'a task')} ran past {period or 'the'} s (rack --timeout)"
     elif kind == "runner_on_failed" and not data.get("ignore_errors"):
         r.state, r.msg = "failed", str(res.get("msg", ""))[:2000]
         r.failed_check = str(res.get("failed_check") or "")
@@ -157,8 +173,9 @@ def diff_text(d) -> str:
 def run_playbook(action: str, inventory: str, limit: str | None = None, extravars: dict | None = None,
                  tags: str | None = None, check: bool = False, on_update=None, verbosity: int = 0,
                  forks: int | None = None, skip_tags: str | None = None, on_event=None,
-                 diff: bool = False) -> RackRun:
-    """Run site.yml (apply), verify.yml or rollback.yml (or a playbook path) through ansible-runner."""
+                 diff: bool = False, timeout: int = TIMEOUT_S) -> RackRun:
+    """Run site.yml (apply), verify.yml or rollback.yml (or a playbook path) through ansible-runner.
+    timeout: the per-host bound in seconds (see TIMEOUT_S)."""
     try:
         import ansible_runner
     except ImportError as e:
@@ -196,6 +213,10 @@ def run_playbook(action: str, inventory: str, limit: str | None = None, extravar
     t0 = time.monotonic()
     try:
         envvars = {"ANSIBLE_CONFIG": str(base / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(coll / "roles"),
+                   "ANSIBLE_TASK_TIMEOUT": str(timeout), "ANSIBLE_TIMEOUT": str(connect_timeout(timeout)),
+                   # ssh's shared connections (ControlPersist) of this run only: a master left by an
+                   # earlier run to the same address (a host rebuilt, its connection dead) is never reused
+                   "ANSIBLE_SSH_CONTROL_PATH_DIR": os.path.join(tmp, "cp"),
                    "ANSIBLE_COLLECTIONS_PATH": str(base / "collections"),
                    # ansible-playbook of this interpreter's environment even when its bin/ is not on PATH
                    "PATH": os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")}
@@ -205,8 +226,19 @@ def run_playbook(action: str, inventory: str, limit: str | None = None, extravar
                                event_handler=handler, verbosity=verbosity or None, forks=forks,
                                suppress_env_files=True)
     finally:
+        _close_masters(os.path.join(tmp, "cp"))
         shutil.rmtree(tmp, ignore_errors=True)
     return RackRun(str(playbook), r.rc, r.status, time.monotonic() - t0, hosts)
+
+
+def _close_masters(cp: str) -> None:
+    """End this run's ssh master connections (they would outlive it by ControlPersist)."""
+    if not os.path.isdir(cp):
+        return
+    import subprocess
+    for e in os.listdir(cp):
+        subprocess.run(["ssh", "-o", f"ControlPath={os.path.join(cp, e)}", "-O", "exit", "hkgpu-rack"],
+                       stdin=subprocess.DEVNULL, capture_output=True, timeout=10, check=False)
 
 
 # ---------------------------------------------------------------- CLI: hkgpu-tune rack ...
@@ -226,6 +258,10 @@ def add_parser(sub) -> None:
     p.add_argument("--extra-vars", "-e", action="append", default=[], metavar="KEY=VALUE, JSON or @FILE",
                    help="variables as ansible-playbook takes them: KEY=VALUE, a JSON object, or @FILE "
                         "(a YAML or JSON file of variables)")
+    p.add_argument("--timeout", type=_positive, default=TIMEOUT_S, metavar="SECONDS",
+                   help=f"per-host bound: a task running longer on a host fails it as timed out, and a host "
+                        f"that does not answer within half of it (at most {CONNECT_TIMEOUT_S} s) is unreachable "
+                        f"(default {TIMEOUT_S})")
     p.add_argument("--json", action="store_true", help="machine-readable per-host results")
     p.set_defaults(extra_run=cli_run)
 
@@ -279,7 +315,7 @@ def _positive(v: str) -> int:
 
 
 COLOURS = {"waiting": "dim", "running": "cyan", "ok": "green", "changed": "yellow", "failed": "red",
-           "unreachable": "red"}
+           "unreachable": "red", "timed out": "red"}
 
 
 def _progress(hosts):
@@ -304,7 +340,8 @@ def _what_failed(r: HostResult) -> str:
 
 def host_line(r: HostResult) -> str:
     """One plain line per host (logs, pipes, CI): grep-able, no colour."""
-    line = (f"{r.host}: {'failed' if r.is_failed else r.state} ok={r.ok} changed={r.changed} "
+    state = r.state if r.state in ("unreachable", "timed out") else "failed" if r.is_failed else r.state
+    line = (f"{r.host}: {state} ok={r.ok} changed={r.changed} "
             f"failed={r.failed} unreachable={r.unreachable}")
     what = _what_failed(r) if r.is_failed else ""
     return f"{line}: {' '.join(what.split())}" if what else line
@@ -345,6 +382,8 @@ def task_line(ev: dict) -> str | None:
         status = "changed"
     elif status == "failed" and data.get("ignore_errors"):
         status = "failed (ignored)"
+    elif status == "failed" and res.get("timedout"):
+        status = "timed out"
     return f"{data['host']} {status}: {data.get('task', '')}"
 
 
@@ -353,7 +392,8 @@ def cli_run(args) -> int:
     from hkgpu_tune.core.report import envelope, make_console, wrap
 
     extra = _extravars(args.extra_vars)
-    kw = dict(verbosity=args.verbose, forks=args.forks, skip_tags=args.skip_tags, diff=args.diff)
+    kw = dict(verbosity=args.verbose, forks=args.forks, skip_tags=args.skip_tags, diff=args.diff,
+              timeout=args.timeout)
     err = make_console(stderr=True)
     if args.verbose and not args.json:   # ansible's own output, as it comes
         import re

@@ -225,7 +225,8 @@ def run_gate(t, p99_ms: float | None = None, requests: int | None = None,
                         f"flight) ({r.line()})")
         elif slo is not None and r.p99_ms > slo:
             rep.passed = False
-            msgs.append(f"{m.name}: p99 latency {r.p99_ms:.2f} ms is over the SLO of {slo:g} ms ({r.line()})")
+            own = f", Triton's own {r.server_request_ms:.2f} ms per request" if r.server_request_ms is not None else ""
+            msgs.append(f"{m.name}: p99 latency {r.p99_ms:.2f} ms is over the SLO of {slo:g} ms{own} ({r.line()})")
         else:
             within = f"p99 {r.p99_ms:.2f} ms <= SLO {slo:g} ms" if slo is not None else "no SLO set"
             msgs.append(f"{m.name}: {within} ({r.line()})")

@@ -11,6 +11,8 @@ import pytest
 from hkgpu_tune.baseline import capture, engine_bench, iperf, settings
 from hkgpu_tune.core.profile import parse_profile_text
 
+from tests.helpers import tagged
+
 from .netns import Bed, sh
 
 
@@ -172,15 +174,16 @@ def test_serve_is_bounded_and_a_port_in_use_is_one_line():
 def _netem_missing() -> str:
     if os.geteuid() != 0 or not shutil.which("tc"):
         return "needs root and tc"
-    sh("ip", "netns", "add", "hkbl-netemprobe", check=False)
+    probe = tagged("hkbl-netemprobe")
+    sh("ip", "netns", "add", probe, check=False)
     try:
-        p = sh("tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms", ns="hkbl-netemprobe", check=False)
+        p = sh("tc", "qdisc", "add", "dev", "lo", "root", "netem", "delay", "1ms", ns=probe, check=False)
         return "" if p.returncode == 0 else (
             "this kernel has no netem qdisc (sch_netem), so no delay or jitter can be added to a link here: "
             "the RTT and jitter statistics are tested on recorded ping output here (test_compare.py) and the delay "
             "itself on the VM test node, whose Debian kernel has netem (tests/vm/test_wan_vm.py)")
     finally:
-        sh("ip", "netns", "del", "hkbl-netemprobe", check=False)
+        sh("ip", "netns", "del", probe, check=False)
 
 
 @pytest.mark.root

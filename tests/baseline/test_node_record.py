@@ -26,7 +26,7 @@ def sh(*argv, ns=None):
 
 @pytest.fixture
 def ns():
-    name = f"hkt-node{os.getpid() % 1000}{next(_n)}"
+    name = f"hkt-node{os.getpid()}-{next(_n)}"
     sh("ip", "netns", "add", name)
     try:
         sh("ip", "link", "add", "hknode0", "netns", name, "type", "veth", "peer", "name", "hknode1", "netns", name)

@@ -23,7 +23,7 @@ class Pair:
     def __init__(self):
         n = 100 + (next(_ids) + os.getpid()) % 100
         self.net = n
-        self.A, self.B = f"hkcol-{n}a", f"hkcol-{n}b"
+        self.A, self.B = f"hkcol-{os.getpid()}-{n}a", f"hkcol-{os.getpid()}-{n}b"
         self.a, self.b = "hkc0", "hkc1"
         self.ipa, self.ipb = f"198.18.{n}.1", f"198.18.{n}.2"
         sh("ip", "netns", "add", self.A)

@@ -55,6 +55,7 @@ def test_broken_pipe(ok_profile, cmd):
     assert p.returncode == 0
 
 
+@pytest.mark.slow
 def test_head_in_a_shell_pipeline(tmp_path):
     """A report larger than the pipe buffer, cut by `head -1` with pipefail: the verify's exit code (2)."""
     f = tmp_path / "many.yaml"

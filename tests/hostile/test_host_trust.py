@@ -149,7 +149,7 @@ def test_the_cli_refuses_a_garbage_registry_with_one_line_and_exit_1(tmp_path, h
     prof = tmp_path / "p.yaml"
     prof.write_text("sysctl:\n  net.ipv4.tcp_ecn: 1\n")
     # in a namespace of its own: the sysctl is per namespace, and the host's is never touched
-    ns = f"hkt-reg{os.getpid() % 10000}"
+    ns = f"hkt-reg{os.getpid()}"
     subprocess.run(["ip", "netns", "add", ns], check=True)
     try:
         before = subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-n", "net.ipv4.tcp_ecn"],

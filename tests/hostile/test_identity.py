@@ -19,6 +19,7 @@ def recreate(net, index, mac):
         sh("ip", "-n", ns, "link", "set", dev, "up")
 
 
+@pytest.mark.slow
 def test_a_replaced_device_is_not_touched_and_its_entry_kept(net, tmp_path):
     sh("ip", "-n", net.B, "link", "set", net.b, "mtu", "9000")
     first = net.link()

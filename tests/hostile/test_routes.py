@@ -58,6 +58,7 @@ def table(net, fam):
     return [ln for ln in net.routes("-d", fam, "route", "show", "table", "all").splitlines() if "fe80" not in ln]
 
 
+@pytest.mark.slow
 def test_a_route_with_another_next_hop_is_restored_exactly(net, tmp_path):
     # a second next hop on the same link, and a route to a WAN prefix through it
     sh("ip", "-n", net.B, "addr", "add", f"198.18.{net.net}.3/24", "dev", net.b)

@@ -15,12 +15,12 @@ import sys
 
 import pytest
 
-from tests.helpers import REPO, missing_tool, sh
+from tests.helpers import REPO, RUN_TAG, missing_tool, sh, tagged
 
 pytestmark = [pytest.mark.root, pytest.mark.skipif(bool(missing_tool(("ip", "ethtool", "tc", "sysctl"))),
                                                    reason="needs ip, ethtool, tc and sysctl")]
-NS = "hkinfra-ind"
-PEER = "hkinf0"
+NS = tagged("hkinfra-ind")
+PEER, INNER = f"hkinf{RUN_TAG}", f"hkinn{RUN_TAG}"   # host-wide link names: this run's
 PROFILE = """\
 name: independent
 sysctl:
@@ -71,9 +71,9 @@ def node(tmp_path, request):
     sh("ip", "link", "del", PEER, check=False)
     try:
         sh("ip", "netns", "add", NS)
-        sh("ip", "link", "add", PEER, "type", "veth", "peer", "name", "hkinf1")
-        sh("ip", "link", "set", "hkinf1", "netns", NS)
-        ns("ip", "link", "set", "hkinf1", "name", "eth0")
+        sh("ip", "link", "add", PEER, "type", "veth", "peer", "name", INNER)
+        sh("ip", "link", "set", INNER, "netns", NS)
+        ns("ip", "link", "set", INNER, "name", "eth0")
         ns("ip", "addr", "add", "198.18.20.2/24", "dev", "eth0")
         ns("ip", "link", "set", "eth0", "up")
         ns("ip", "link", "set", "lo", "up")
@@ -111,6 +111,7 @@ def infra(node, plant=None):
     return r, ids["PASSED"], ids["FAILED"]
 
 
+@pytest.mark.slow
 def test_infra_independent_of_a_wrong_compare(node):
     # every setting right: the tool and testinfra agree (7 settings: 3 sysctls, mtu, gro, tso, root qdisc)
     rc, res = verify(node)

@@ -25,7 +25,7 @@ class Pair:
     def __init__(self, tag, txq=2):
         n = next(_ids) + (os.getpid() % 50) * 4
         self.net = n % 250
-        self.A, self.B = f"hkt-{tag}{self.net}a", f"hkt-{tag}{self.net}b"
+        self.A, self.B = f"hkt-{tag}{os.getpid()}-{self.net}a", f"hkt-{tag}{os.getpid()}-{self.net}b"
         self.a, self.b = "hkdata0", "hkpeer0"
         self.ipa, self.ipb = f"198.18.{self.net}.1", f"198.18.{self.net}.2"
         sh("ip", "netns", "add", self.A)

@@ -19,17 +19,17 @@ import time
 import urllib.parse
 import urllib.request
 
-import psutil
 import pytest
 import yaml
 
+from tests.helpers import processes, tagged
 from tests.triton.conftest import HAVE_PYTRITON, dump, free_ports, profile_dict
 
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 MON = os.path.join(REPO, "monitoring")
 H200 = os.path.join(REPO, "tests", "fixtures", "gpu", "h200-health.json")
 BUDGET_S = 90
-NS_NODE, NS_PEER = "hkmon-node", "hkmon-peer"
+NS_NODE, NS_PEER = tagged("hkmon-node"), tagged("hkmon-peer")
 BINS = {b: shutil.which(b) for b in ("prometheus", "prometheus-node-exporter", "promtool", "ip", "ping")}
 
 pytestmark = [
@@ -114,6 +114,21 @@ def query(port, expr):
     return d["status"], d.get("data", {}).get("result", d.get("error"))
 
 
+def wait_scraped(port, deadline):
+    """Until Prometheus has scraped every target once with success (its own /api/v1/targets: health
+    "up" and a lastScrape) and answers the targets' `up` series: a test reads data, not a clock."""
+    seen = []
+    while time.monotonic() < deadline:
+        active = get(port, "/api/v1/targets")["data"]["activeTargets"]
+        seen = [(a["scrapeUrl"], a["health"], a["lastError"]) for a in active]
+        if active and all(a["health"] == "up" and not a["lastScrape"].startswith("0001-") for a in active):
+            status, res = query(port, "up == 1")
+            if status == "success" and len(res) >= len(active):
+                return
+        time.sleep(0.2)
+    raise AssertionError(f"Prometheus did not scrape every target in time: {seen}")
+
+
 def wait_http(ns, host, port, path, deadline):
     def ok():
         try:
@@ -157,14 +172,7 @@ def netns_up():
 
 
 def ours(root) -> list:
-    out = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        try:
-            if p.info["status"] != psutil.STATUS_ZOMBIE and str(root) in " ".join(p.info["cmdline"] or []):
-                out.append(p)
-        except psutil.Error:
-            continue
-    return out
+    return processes(lambda p: str(root) in " ".join(p.info["cmdline"] or []))
 
 
 @pytest.fixture(scope="module")
@@ -234,6 +242,7 @@ def stack(tmp_path_factory):
         deadline = t0 + 60
         wait_http(NS_NODE, NODE_ADDR, ne_port, "/metrics", deadline)
         wait_http(NS_PEER, "127.0.0.1", prom_port, "/-/ready", deadline)
+        wait_scraped(prom_port, t0 + BUDGET_S - 10)
         yield {"port": prom_port, "ne_port": ne_port, "t": t, "root": root, "check": check, "text": prom_text,
                "t0": t0, "deadline": t0 + BUDGET_S - 10}
     finally:

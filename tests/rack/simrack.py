@@ -4,17 +4,22 @@
     python tests/rack/simrack.py up --hosts 4      # prints the inventory path
     python tests/rack/simrack.py down
 
-Layout (all addresses in 198.18.0.0/15, the benchmark range):
-  root namespace: bridge hkrack-br, 198.18.10.1/24, MTU 9000 (the rack's leaf switch)
-  hkrack-fab:     an unmanaged fabric peer at 198.18.10.250, MTU 9000 (storage / other rack)
-  hkrack-nN:      a host; veth eth0 198.18.10.(10+N)/24, MTU 1500 at start, sshd on eth0:22
+Layout (all addresses in 198.18.0.0/15, the benchmark range); K is this run's rack number (claimed
+under a lock in /run/hkrack, so two runs on one machine each get their own):
+  root namespace: bridge hrKbr, 198.19.K.1/24, MTU 9000 (the rack's leaf switch)
+  hksim-K-fab:    an unmanaged fabric peer at 198.19.K.250, MTU 9000 (storage / other rack)
+  hksim-K-nN:     a host; veth eth0 198.19.K.(10+N)/24, MTU 1500 at start, sshd on eth0:22
 Each host's /etc/hkgpu-tune, /etc/sysctl.d and /etc/systemd are its own (/etc/netns/NAME/...,
 bind-mounted by `ip netns exec`); its state dir and venv live under the run directory.
 No default route: the hosts reach only the bridge and each other.
+(The names differ from the old hkrack-* ones, which an older copy of this file removes wholesale.)
+Clean-up removes only this run's rack, and racks whose owning process is gone (its pid and start
+time are in the claim).
 """
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import os
 import shutil
@@ -22,22 +27,121 @@ import subprocess
 import sys
 import time
 
-PREFIX = "hkrack-"
-BRIDGE = "hkrack-br"
-NET = "198.18.10"
-GATEWAY = f"{NET}.1"
-FABRIC_PEER = f"{NET}.250"
+CLAIMS = "/run/hkrack"             # one claim per rack on this machine: K.json {pid, start, run}
+FIRST, RACKS = 100, 100            # rack numbers K: subnets 198.19.100.0/24 .. 198.19.199.0/24
+# this process's rack (set by up(), cleared by down())
+RACK = None
+PREFIX = BRIDGE = NET = GATEWAY = FABRIC_PEER = None
+
+
+def _use(k: int | None) -> None:
+    global RACK, PREFIX, BRIDGE, NET, GATEWAY, FABRIC_PEER
+    RACK = k
+    if k is None:
+        PREFIX = BRIDGE = NET = GATEWAY = FABRIC_PEER = None
+        return
+    PREFIX, BRIDGE, NET = f"hksim-{k}-", f"hr{k}br", f"198.19.{k}"
+    GATEWAY, FABRIC_PEER = f"{NET}.1", f"{NET}.250"
+
+
 RUN_DIR = os.environ.get("HKRACK_DIR", "/var/tmp/hkrack")
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))   # run as a script too
 from tests.helpers import REPO, sh  # noqa: E402
 # /etc entries each host gets its own copy of; `ip netns exec` binds only over existing /etc/X
 PRIVATE_ETC = ("hkgpu-tune", "sysctl.d", "systemd")
-MARK = "/etc/netns/.hkrack-created-etc.json"  # /etc dirs made for the bind mounts
+MARK = "/etc/netns/.hksim-created-etc.json"  # /etc dirs made for the bind mounts
 
 
 def host_names(n: int) -> list[str]:
     return [f"{PREFIX}n{i}" for i in range(1, n + 1)]
+
+
+def _link(name: str) -> str:
+    """The root namespace's end of a host's veth (interface names have 15 characters at most)."""
+    return f"hr{name[len('hksim-'):].replace('-', '')}"
+
+
+def _start_ticks(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19].decode()
+    except OSError:
+        return ""
+
+
+def _locked():
+    os.makedirs(CLAIMS, exist_ok=True)
+    f = open(os.path.join(CLAIMS, "lock"), "w")
+    fcntl.flock(f, fcntl.LOCK_EX)
+    return f
+
+
+def _claims() -> dict:
+    out = {}
+    for e in os.listdir(CLAIMS):
+        if e.endswith(".json"):
+            try:
+                with open(os.path.join(CLAIMS, e)) as f:
+                    out[int(e[:-5])] = json.load(f)
+            except (OSError, ValueError):
+                out[int(e[:-5])] = {}
+    return out
+
+
+def _alive(claim: dict) -> bool:
+    return bool(claim) and _start_ticks(claim.get("pid", 0)) == claim.get("start")
+
+
+def _remove(k: int, run: str | None = None) -> None:
+    """Take down rack k: its hosts' sshds (and whatever runs in its namespaces), namespaces, links,
+    /etc/netns entries and bridge; its own only (names hksim-K-*, links hrK*, K three digits)."""
+    prefix = f"hksim-{k}-"
+    names = [n for n in _all_namespaces() if n.startswith(prefix)]
+    pids = set()
+    for name in names:
+        pids.update(sh("ip", "netns", "pids", name, check=False).stdout.split())
+    if run and os.path.isdir(run):       # a namespace already gone keeps running while its sshd does
+        for e in os.listdir(run):
+            try:
+                with open(os.path.join(run, e, "sshd.pid")) as f:
+                    pids.add(f.read().split()[0])
+            except (OSError, IndexError):
+                pass
+    for pid in pids:
+        try:
+            os.kill(int(pid), 15)
+        except (ProcessLookupError, ValueError):
+            pass
+    for name in names:
+        sh("ip", "netns", "del", name, check=False)
+        shutil.rmtree(f"/etc/netns/{name}", ignore_errors=True)
+    links = sh("ip", "-o", "link", "show", check=False).stdout.splitlines()
+    for ln in links:
+        dev = ln.split(":")[1].strip().split("@")[0] if ln.count(":") > 1 else ""
+        if dev.startswith(f"hr{k}"):
+            sh("ip", "link", "del", dev, check=False)
+
+
+def _claim(run: str, owner: int) -> int:
+    """A free rack number for this process, claimed under the lock; racks of dead owners are removed."""
+    with _locked():
+        claims = _claims()
+        for k, c in claims.items():
+            if c.get("run") == run or not _alive(c):
+                _remove(k, c.get("run"))
+                os.unlink(os.path.join(CLAIMS, f"{k}.json"))
+        claims = _claims()
+        free = [k for k in range(FIRST, FIRST + RACKS) if k not in claims]
+        if not free:
+            raise RuntimeError(f"no free simulated rack number: {sorted(claims)} are claimed")
+        k = free[0]
+        with open(os.path.join(CLAIMS, f"{k}.json"), "w") as f:
+            json.dump({"pid": owner, "start": _start_ticks(owner), "run": run}, f)
+        return k
+
+
+
 
 
 def address(i: int) -> str:
@@ -46,9 +150,9 @@ def address(i: int) -> str:
 
 def _netns_add(name: str, addr: str, mtu: int) -> None:
     sh("ip", "netns", "add", name)
-    peer = "hkr" + name[len(PREFIX):]          # temporary name of the host end before the move
-    sh("ip", "link", "add", name, "type", "veth", "peer", "name", peer)
-    sh("ip", "link", "set", name, "mtu", "9000", "master", BRIDGE, "up")
+    peer = _link(name) + "p"                 # temporary name of the host end before the move
+    sh("ip", "link", "add", _link(name), "type", "veth", "peer", "name", peer)
+    sh("ip", "link", "set", _link(name), "mtu", "9000", "master", BRIDGE, "up")
     sh("ip", "link", "set", peer, "netns", name)
     sh("ip", "link", "set", peer, "name", "eth0", ns=name)
     sh("ip", "link", "set", "eth0", "mtu", str(mtu), ns=name)
@@ -90,6 +194,11 @@ Subsystem sftp internal-sftp
 
 
 def _private_etc(name: str) -> None:
+    with _locked():
+        _private_etc_locked(name)
+
+
+def _private_etc_locked(name: str) -> None:
     created = json.load(open(MARK)) if os.path.exists(MARK) else []
     for e in PRIVATE_ETC:
         if not os.path.exists(f"/etc/{e}"):
@@ -158,15 +267,25 @@ def inventory(n: int, run: str, python: str | None) -> str:
         yaml.safe_dump(doc, f, sort_keys=False)
     gv = os.path.join(inv, "group_vars")
     if os.path.lexists(gv):
-        os.unlink(gv)
-    os.symlink(os.path.join(HERE, "group_vars"), gv)
+        shutil.rmtree(gv) if not os.path.islink(gv) else os.unlink(gv)
+    os.makedirs(gv)
+    for e in sorted(os.listdir(os.path.join(HERE, "group_vars"))):   # written with this rack's addresses
+        with open(os.path.join(HERE, "group_vars", e)) as src, open(os.path.join(gv, e), "w") as dst:
+            dst.write(src.read().replace("198.18.10.", f"{NET}."))
     return os.path.join(inv, "hosts.yml")
 
 
-def up(n: int = 4, run: str = RUN_DIR, python: str | None = sys.executable) -> str:
-    """Build the rack (removing a stale one first); returns the inventory file."""
-    down(run, quiet=True)
+def up(n: int = 4, run: str = RUN_DIR, python: str | None = sys.executable, owner: int | None = None) -> str:
+    """Build this run's rack (removing a stale one of the same run directory, or of a dead owner,
+    first); returns the inventory file. owner: the process the rack belongs to (this one)."""
+    if RACK is not None:
+        down(quiet=True)
+    k = _claim(os.path.abspath(run), owner or os.getpid())
+    _use(k)
+    shutil.rmtree(run, ignore_errors=True)
     os.makedirs(run, exist_ok=True)
+    with open(os.path.join(run, "rack.json"), "w") as f:
+        json.dump({"rack": k}, f)
     sh("ip", "link", "add", BRIDGE, "type", "bridge")
     sh("ip", "link", "set", BRIDGE, "mtu", "9000")
     sh("ip", "addr", "add", f"{GATEWAY}/24", "dev", BRIDGE)
@@ -186,31 +305,41 @@ def up(n: int = 4, run: str = RUN_DIR, python: str | None = sys.executable) -> s
     return inventory(n, run, python)
 
 
-def namespaces() -> list[str]:
+def _all_namespaces() -> list[str]:
     out = sh("ip", "netns", "list", check=False).stdout.split("\n")
-    return [line.split()[0] for line in out if line.startswith(PREFIX)]
+    return [line.split()[0] for line in out if line.startswith("hksim-")]
 
 
-def down(run: str = RUN_DIR, quiet=False) -> None:
-    for name in namespaces():
-        pid = os.path.join(run, name, "sshd.pid")
-        if os.path.exists(pid):
-            try:
-                os.kill(int(open(pid).read().split()[0]), 15)
-            except (ProcessLookupError, ValueError):
-                pass
-        sh("ip", "netns", "del", name, check=False)
-        shutil.rmtree(f"/etc/netns/{name}", ignore_errors=True)
-        sh("ip", "link", "del", name, check=False)
-    sh("ip", "link", "del", BRIDGE, check=False)
-    if os.path.exists(MARK):
-        for e in json.load(open(MARK)):
-            try:
-                os.rmdir(e)                   # only if still empty
-            except OSError:
-                pass
-        os.unlink(MARK)
-    shutil.rmtree(run, ignore_errors=True)
+def namespaces() -> list[str]:
+    """This run's rack's namespaces (another run's are not ours to see or remove)."""
+    return [n for n in _all_namespaces() if PREFIX and n.startswith(PREFIX)]
+
+
+def down(run: str | None = None, quiet=False) -> None:
+    """Remove this run's rack (the one built in run, or this process's) and its claim."""
+    k = RACK
+    if run and os.path.exists(os.path.join(run, "rack.json")):
+        with open(os.path.join(run, "rack.json")) as f:
+            k = json.load(f)["rack"]
+    if k is None:
+        return
+    with _locked():
+        _remove(k, run)
+        try:
+            os.unlink(os.path.join(CLAIMS, f"{k}.json"))
+        except FileNotFoundError:
+            pass
+        if not _claims() and os.path.exists(MARK):   # the /etc dirs made for the bind mounts: by the last rack
+            for e in json.load(open(MARK)):
+                try:
+                    os.rmdir(e)               # only if still empty
+                except OSError:
+                    pass
+            os.unlink(MARK)
+    if run:
+        shutil.rmtree(run, ignore_errors=True)
+    if k == RACK:
+        _use(None)
     if not quiet:
         print("rack removed")
 
@@ -247,8 +376,8 @@ def main(argv=None):
     d = sub.add_parser("down")
     d.add_argument("--dir", default=RUN_DIR)
     a = ap.parse_args(argv)
-    if a.cmd == "up":
-        print(up(a.hosts, a.dir))
+    if a.cmd == "up":     # the rack belongs to the shell that ran this (its claim goes stale with it)
+        print(up(a.hosts, a.dir, owner=os.getppid()))
     else:
         down(a.dir)
 

@@ -4,6 +4,7 @@ says "client-bound" (the deployment stays) instead of failing the server."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -17,6 +18,9 @@ from .conftest import DATA, dump, free_ports, needs_server, profile_dict
 pytestmark = [needs_server, pytest.mark.slow]
 
 TYPED_PY = f"{DATA}/typed.py"
+# the client-bound case's SLO: between Triton's own time per request at 512 in flight (60-115 ms seen on
+# this 2-core machine, busy or not) and one nice-19 client's p99 at that load (about 750 ms)
+SLO_MS = 300
 
 
 def typed_profile(root, **kw) -> str:
@@ -88,13 +92,23 @@ def test_a_client_bound_gate_keeps_the_deployment_and_says_so(tmp_path):
         # a changed queue delay (a hot reload), and a gate one low-priority process cannot serve
         heavy = json.loads(json.dumps(light))
         heavy["triton"]["models"][0]["dynamic_batching"]["max_queue_delay_microseconds"] = 100
-        heavy["triton"]["gate"].update(p99_ms=50, load={"requests": 6000, "concurrency": 512, "processes": 1})
+        heavy["triton"]["gate"].update(p99_ms=SLO_MS, load={"requests": 6000, "concurrency": 512, "processes": 1})
         with open(path, "w") as f:
             f.write(dump(heavy))
         assert load_profile(path).section("triton").gate.processes == 1
         p = apply(path, tmp_path / "state", nice=19)
-        assert p.returncode == 0, p.stdout + p.stderr
         out = json.loads(p.stdout)
+        # the verdict follows Triton's own time per request, which this machine sets: within the SLO
+        # the client is to blame (the case under test); on a machine too busy for Triton itself to
+        # answer within it, the server is failed and the reason must say so (not a flaky test)
+        own = re.search(r"Triton's own ([0-9.]+) ms per request", out["error"] or " ".join(out["notes"]))
+        assert own, out
+        if float(own.group(1)) > SLO_MS:
+            assert p.returncode == 1 and out["rolled_back"], out
+            assert out["error"].startswith("triton gate failed: rows: p99 latency ") and f"over the SLO of {SLO_MS} ms" in out["error"]
+            pytest.xfail(f"Triton itself took {own.group(1)} ms a request on this machine (SLO {SLO_MS} ms; {out['error'][:400]}): the gate "
+                         "failed the server, as it should; the client-bound case needs a server within the SLO")
+        assert p.returncode == 0, p.stdout + p.stderr
         assert not out["error"] and not out["rolled_back"], out
         assert [c["key"] for c in out["changes"]] == ["served_config"] or out["changes"], out["changes"]
         assert len(out["notes"]) == 1, out["notes"]

@@ -35,6 +35,8 @@ def test_verdict(monkeypatch, p99, bound, server, verdict):
     rep = gate.run_gate(t)
     assert rep.mode == "load"
     assert rep.verdict == verdict, rep.message
+    if server is not None and verdict != "passed":   # the reason names the server's own time, the figure the verdict turned on
+        assert f"Triton's own {server:.2f} ms per request" in rep.message, rep.message
     if server is None and bound:
         assert "could not be read" in rep.message and "not cleared" in rep.message
         with pytest.raises(gate.GateFailed):

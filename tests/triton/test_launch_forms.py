@@ -13,6 +13,8 @@ import pytest
 from hkgpu_tune.core.profile import parse_profile_text
 from hkgpu_tune.serve import launch, records
 
+from tests.helpers import processes
+
 from .conftest import dump, profile_dict
 
 PLACE = {"cpus": [0, 1, 2, 3, 8, 9], "mems": [0], "numa_node": 0, "source": "test placement"}
@@ -151,7 +153,6 @@ def test_a_link_planted_at_the_process_record_is_refused_and_no_server_is_left(t
     """The record of the supervised server (run_dir/tritonserver.json) is written without following
     links; a link planted there is refused in one line, its target untouched, and the server just
     started is stopped (without its record nothing could stop it later)."""
-    import psutil
     from hkgpu_tune.core.errors import HkError
     from hkgpu_tune.core.profile import load_profile
     from hkgpu_tune.serve import launch, render
@@ -164,9 +165,9 @@ def test_a_link_planted_at_the_process_record_is_refused_and_no_server_is_left(t
     victim = tmp_path / "victim"
     victim.write_text("keep me\n")
     os.symlink(victim, os.path.join(t.run_dir, launch.PID_FILE))
-    before = {q.pid for q in psutil.process_iter() if "tritonserver" in q.name()}
+    before = {q.pid for q in processes(lambda q: "tritonserver" in (q.info["name"] or ""))}
     with pytest.raises(HkError, match="refusing to replace it: it is a link|Too many levels of symbolic links"):
         launch.start(t)
     assert victim.read_text() == "keep me\n"
-    left = {q.pid for q in psutil.process_iter() if "tritonserver" in q.name() and q.status() != psutil.STATUS_ZOMBIE}
+    left = {q.pid for q in processes(lambda q: "tritonserver" in (q.info["name"] or ""))}
     assert left <= before, left - before

@@ -131,12 +131,34 @@ def test_a_reload_over_apply_stalls_no_connection(node):
     assert slowest < INIT_S / 2, f"a request took {slowest:.2f} s while slowinit loaded ({t1 - t0:.1f} s)"
 
 
+def ready(port: int, model: str) -> bool:
+    """Triton's own answer, read here with http.client (not with the client under test)."""
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    try:
+        c.request("GET", f"/v2/models/{model}/ready")
+        r = c.getresponse()
+        r.read()
+        return r.status == 200
+    finally:
+        c.close()
+
+
 def test_model_control_falls_back_to_http_where_grpc_is_not_reachable(node):
+    """Unloaded first (by hand, over HTTP): the fallback must really load it, not find it loaded."""
     from hkgpu_tune.serve import client
     (closed,) = free_ports(1)
-    with client.Client("127.0.0.1", node["ports"][0], timeout=60, grpc=("127.0.0.1", closed)) as c:
-        c.load_model("doubler")
-        assert c.model_ready("doubler")
+    port = node["ports"][0]
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.request("POST", "/v2/repository/models/doubler/unload", b"{}", {"Content-Type": "application/json"})
+    assert c.getresponse().status == 200
+    c.close()
+    end = time.monotonic() + 30
+    while ready(port, "doubler") and time.monotonic() < end:
+        time.sleep(0.1)
+    assert not ready(port, "doubler"), "doubler did not unload: the load below would prove nothing"
+    with client.Client("127.0.0.1", port, timeout=60, grpc=("127.0.0.1", closed)) as cl:
+        cl.load_model("doubler")
+    assert ready(port, "doubler")
 
 
 def test_a_load_that_fails_over_grpc_gives_triton_s_first_line(node):

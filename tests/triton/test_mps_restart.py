@@ -40,7 +40,10 @@ def daemons(pipe: str) -> list[tuple[int, str, float]]:
         except OSError:
             continue
         if env.get(b"CUDA_MPS_PIPE_DIRECTORY", b"").decode() == pipe:
-            out.append((int(d), env.get(b"CUDA_VISIBLE_DEVICES", b"").decode(), psutil.Process(int(d)).create_time()))
+            try:
+                out.append((int(d), env.get(b"CUDA_VISIBLE_DEVICES", b"").decode(), psutil.Process(int(d)).create_time()))
+            except psutil.Error:   # it exited since: not a daemon now
+                continue
     return out
 
 

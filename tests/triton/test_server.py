@@ -19,6 +19,8 @@ from hkgpu_tune.core.profile import load_profile
 from hkgpu_tune.core.report import DRIFT, OK
 from hkgpu_tune.serve import client, gate, launch, render
 
+from tests.helpers import processes
+
 from .conftest import dump, free_ports, needs_server, profile_dict
 
 pytestmark = [needs_server, pytest.mark.slow]
@@ -26,14 +28,7 @@ pytestmark = [needs_server, pytest.mark.slow]
 
 def ours(root) -> list[psutil.Process]:
     """Processes whose command line names our test directory (the server and its Python stubs)."""
-    out = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        try:
-            if p.info["status"] != psutil.STATUS_ZOMBIE and str(root) in " ".join(p.info["cmdline"] or []):
-                out.append(p)
-        except psutil.Error:
-            continue
-    return out
+    return processes(lambda p: str(root) in " ".join(p.info["cmdline"] or []))
 
 
 def write(root, doc) -> str:

@@ -50,6 +50,7 @@ def test_the_paths_are_those_the_roles_and_persist_write():
     assert persist.PROFILE_FILE == f"etc/hkgpu-tune/{PERSIST_FILE}"
 
 
+@pytest.mark.slow
 def test_each_level_in_order(levels):
     env, etc = levels["env"], levels["etc"]
     # nothing on the node: the shipped default

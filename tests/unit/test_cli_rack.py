@@ -16,6 +16,7 @@ pytest.importorskip("ansible_runner", reason="rack needs ansible-runner (pip ins
 if not shutil.which("ansible-playbook", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]):
     pytest.skip("ansible-playbook is not installed", allow_module_level=True)
 
+pytestmark = pytest.mark.slow   # each test runs ansible-playbook (4-8 s here)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PLAYBOOK = """\
 - hosts: all

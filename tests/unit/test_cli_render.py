@@ -49,6 +49,7 @@ def commands(tmp_path) -> dict[str, list[str]]:
 NOT_TABLES = {"triton command", "triton unit"}
 
 
+@pytest.mark.slow
 def test_every_table_fits_80_columns_without_python_reprs(tmp_path):
     for name, argv in commands(tmp_path).items():
         p = hk(*argv)
@@ -111,6 +112,7 @@ def envelope_ok(doc: dict, command: str) -> None:
     assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", doc["time"])
 
 
+@pytest.mark.slow
 def test_every_command_json_has_the_envelope(tmp_path):
     for name, argv in commands(tmp_path).items():
         p = hk(*argv, "--json")

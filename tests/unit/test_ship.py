@@ -65,6 +65,7 @@ def shipped(tmp_path_factory):
     return json.loads(r.stdout)
 
 
+@pytest.mark.slow
 def test_from_the_source_tree_the_wheel_is_built_and_the_dependencies_come_along(shipped):
     doc = shipped
     assert os.path.basename(os.path.dirname(doc["wheel"])).startswith("tree-")

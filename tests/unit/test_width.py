@@ -90,6 +90,7 @@ def check_lines(name, text):
 
 
 @pytest.mark.parametrize("columns", [None, "200"])
+@pytest.mark.slow
 def test_every_report_in_a_pipe_fits_80_columns(tmp_path, columns):
     extra = {"COLUMNS": columns} if columns else {}
     for name, argv in commands(tmp_path).items():

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from ..helpers import env_tools_on_path, missing_tool
-from .vm import HERE, VM, image_dir
+from .vm import HERE, VM, image_dir, share
 
 CACHE = os.environ.get("HKGPU_VM_DIR", "/var/cache/hkgpu-tune/vm")
 STAGES: list[tuple[str, float]] = []   # (stage, seconds), printed at the end of the run
@@ -52,6 +52,7 @@ def vm(tmp_path_factory):
     with Stage("image (build, or the cached one)"):
         b = subprocess.run([os.path.join(HERE, "build.sh"), img], capture_output=True, text=True, timeout=1200)
     assert b.returncode == 0, f"image build failed:\n{b.stdout}\n{b.stderr}"
+    share(img)     # built: another run of the same key may boot it too (each boots an overlay of its own)
     m = VM(img, str(tmp_path_factory.mktemp("vm")))
     try:
         with Stage("boot to SSH"):

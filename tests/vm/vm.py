@@ -38,14 +38,43 @@ def image_key() -> str:
     return h.hexdigest()[:12]
 
 
+KEEP_S = 24 * 3600      # an image of another key no run holds is removed once unused this long
+_HELD: dict[str, int] = {}
+
+
 def image_dir(cache: str) -> str:
-    """OUT dir for this key under the cache; images of other keys are removed."""
+    """OUT dir for this key under the cache, locked for this process: exclusively until share() (the
+    build), shared after (the boot), released when the process ends; another run's clean-up and
+    build wait for it. Images of other keys are removed only when no run holds them and none used
+    them for KEEP_S (two runs of two commits at once each keep theirs)."""
     key = image_key()
-    if os.path.isdir(cache):
-        for old in os.listdir(cache):
-            if old != key:
-                shutil.rmtree(os.path.join(cache, old), ignore_errors=True)
-    return os.path.join(cache, key)
+    os.makedirs(cache, exist_ok=True)
+    fd = os.open(os.path.join(cache, key + ".lock"), os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    _HELD[key] = fd
+    for old in os.listdir(cache):
+        path = os.path.join(cache, old)
+        if old.endswith(".lock") or old == key or not os.path.isdir(path):
+            continue
+        lk = os.open(path + ".lock", os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(lk, fcntl.LOCK_EX | fcntl.LOCK_NB)   # held by a run: not ours to remove
+            if time.time() - os.stat(path).st_mtime > KEEP_S:
+                shutil.rmtree(path, ignore_errors=True)
+                os.unlink(path + ".lock")
+        except OSError:
+            pass
+        finally:
+            os.close(lk)
+    out = os.path.join(cache, key)
+    if os.path.isdir(out):
+        os.utime(out)          # used now (the age the clean-up reads)
+    return out
+
+
+def share(img: str) -> None:
+    """The image is built: other runs of the same key may boot it too (the lock turns shared)."""
+    fcntl.flock(_HELD[os.path.basename(img)], fcntl.LOCK_SH)
 
 
 def free_port() -> int:
