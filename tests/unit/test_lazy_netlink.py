@@ -40,7 +40,8 @@ def test_verify_of_rules_that_match_nothing_here_imports_no_pyroute2():
         import pytest
         pytest.skip("this host has an mlx5 NIC: the default profile's rules match it")
     p = subprocess.run([sys.executable, "-X", "importtime", "-m", "hkgpu_tune", "verify", "--json",
-                        "--only", "link,ethtool,qdisc", "--profile", "hk-inference"], capture_output=True, text=True, cwd=REPO, timeout=60)
+                        "--only", "link,ethtool,qdisc", "--profile", "hk-inference"],
+                       capture_output=True, text=True, cwd=REPO, timeout=60)
     assert p.returncode in (0, 2), p.stderr[-2000:]
     assert "pyroute2" not in p.stderr
     assert '"no interface on this host matches"' in p.stdout
