@@ -4,17 +4,25 @@ import tempfile
 
 import pytest
 
-from tests import skip_report, slow_check
+from tests import host_guard, skip_report, slow_check
 
 
 def pytest_configure(config):
     skip_report.register(config)     # every skip listed with its reason; one without fails the run
     slow_check.register(config)      # an unmarked test over 5 s is listed; far over, it fails the run
+    host_guard.register(config)      # no file written to the host's own /etc or state directory
     # the host lock and registry of journals (hkgpu_tune/tune/host.py) are host-wide in the product;
     # a test run must not share them with another run on the machine (nor use the real ones): its
     # own, and each test its own below (fixtures of a wider scope get this one)
     if "HKGPU_TUNE_HOST_DIR" not in os.environ:
         os.environ["HKGPU_TUNE_HOST_DIR"] = config._hkgpu_host_dir = tempfile.mkdtemp(prefix="hkgpu-host-")
+
+
+def pytest_sessionfinish(session, exitstatus):
+    leaked = host_guard.check(session)
+    if leaked:
+        print("\nhost_guard: the run wrote to the host itself: " + ", ".join(leaked[:20]))
+        session.exitstatus = 1
 
 
 def pytest_unconfigure(config):
