@@ -8,7 +8,7 @@ retransmits, RTT p50/p99 while each test runs (ping every 50 ms), the node's CPU
 moved; `--runs` runs for a spread; tuned/stock ratios. Then `hkgpu-tune baseline capture` on both
 nodes per path and `baseline compare` both ways (stock -> tuned: better; tuned -> stock: flagged).
 
-    sudo HKGPU_VM_DIR=/var/cache/hkgpu-tune/vm-netproof python3 bench/net_vm.py --rate 100 \\
+    sudo HKGPU_VM_DIR=/var/cache/hkgpu-tune/vm-netproof python3 bench/net_vm.py --rate 250 \\
         --out docs/perf/network-vm-2026-12-06.json --png docs/perf/network-vm-2026-12-06.png
 """
 from __future__ import annotations
@@ -60,7 +60,7 @@ def capture_profile(path: netpath.Path, seconds: int, omit: int) -> dict:
     way: the figure the window decides) and as WAN peer (ping), no engine."""
     prof = {"name": f"netproof-{path.name}",
             "network": {"fabric_peers": [PEER_ADDR],
-                        "wan_peers": [{"address": PEER_ADDR, "name": path.name, "rtt_ms": max(path.rtt_ms, 1)}]},
+                        "wan_peers": [{"address": PEER_ADDR, "name": path.name, "rtt_ms": path.rtt_ms + 5}]},
             "baseline": {"iperf3_streams": 1, "iperf3_port": netpath.PORT,
                          "quick": {"ping_count": 60, "ping_interval_ms": 50, "iperf3_runs": 2,
                                    "iperf3_seconds": seconds, "iperf3_omit_s": omit}}}
@@ -139,10 +139,10 @@ def ratios(stock: dict, tuned: dict) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--rate", type=int, default=100, help="shaped rate, Mbit/s, both ways")
+    ap.add_argument("--rate", type=int, default=250, help="shaped rate, Mbit/s, both ways")
     ap.add_argument("--paths", default="rack,sg,usw")
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--seconds", type=int, default=8, help="measured seconds per iperf3 test")
+    ap.add_argument("--seconds", type=int, default=6, help="measured seconds per iperf3 test")
     ap.add_argument("--omit", type=int, default=3, help="seconds of slow start left out")
     ap.add_argument("--capture", default="rack,sg,usw", help="paths with baseline capture (empty: none)")
     ap.add_argument("--probe", action="store_true", help="also measure the node unshaped first")
