@@ -260,11 +260,11 @@ def chart(rec: dict, png: str) -> None:
         e = rec["paths"][name]
         x = range(len(tests))
         for j, (node, color) in enumerate((("stock", "tab:blue"), ("tuned", "tab:orange"))):
-            axes[0][i].bar([k + j * 0.4 for k in x], [e[node][t]["mbit"] or 0 for t in tests], 0.4,
+            axes[0][i].bar([k + j * 0.4 for k in x], [e[node].get(t, {}).get("mbit") or 0 for t in tests], 0.4,
                            color=color, label=node)
-            axes[1][i].bar([k + j * 0.4 for k in x], [e[node][t]["rtt_p99_ms"] or 0 for t in tests], 0.4,
+            axes[1][i].bar([k + j * 0.4 for k in x], [e[node].get(t, {}).get("rtt_p99_ms") or 0 for t in tests], 0.4,
                            color=color, label=f"{node} p99")
-            axes[1][i].scatter([k + j * 0.4 for k in x], [e[node][t]["rtt_p50_ms"] or 0 for t in tests],
+            axes[1][i].scatter([k + j * 0.4 for k in x], [e[node].get(t, {}).get("rtt_p50_ms") or 0 for t in tests],
                                color="black", marker="_", s=200, zorder=3, label="p50" if j == 0 else None)
         axes[0][i].axhline(rec["rate_mbit"], color="gray", ls="--", lw=1, label="shaped rate")
         axes[1][i].axhline(e["rtt_ms"] + 20, color="gray", ls="--", lw=1, label="base RTT + 20 ms")

@@ -87,7 +87,7 @@ def shape(vm, dev: str, path: Path, rate_mbit: int) -> str:
            f"tc qdisc add dev {dev} parent 1:1 handle 10: {leaf}\n"
            f"tc qdisc add dev {dev} handle ffff: ingress\n"
            f"tc filter add dev {dev} parent ffff: protocol all u32 match u32 0 0 action mirred egress redirect dev ifb0\n"
-           f"tc qdisc replace dev ifb0 root netem {netem if path.rtt_ms else 'delay 0ms'} limit 1000000",
+           f"tc qdisc replace dev ifb0 root netem {netem if path.rtt_ms else 'delay 0ms'} limit 100000",
            check=True)
     fifo = int(rate_mbit * 1e6 / 8 * BUFFER_MS / 1000)
     sh("tc", "qdisc", "replace", "dev", "tap0", "root", "handle", "1:", "htb", "default", "1", ns=vm.sw)
