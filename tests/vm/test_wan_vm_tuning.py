@@ -4,12 +4,10 @@ one path (HK-US west, 150 ms, shaped to RATE by tests/vm/netpath.py), the node s
 never a wall-clock figure:
 - the node's own send buffer (Debian's tcp_wmem, 4 MiB) caps a single upload below the path's
   BDP; tuned (256 MiB) the same flow moves more;
-- a download: the receive window (tcp_rmem, 6 MiB) caps stock; tuned moves more;
-- under an upload the node's qdisc holds the queue: with a site's pfifo_fast the RTT p99 is higher
-  than with the tuned fq_codel;
-- jumbo frames: fewer node CPU seconds per GB moved.
-Stock here is Debian with a site's pfifo_fast (as test_node.py sets it); the bench records Debian's
-own (fq_codel) as well. Runs last on the session's VM (file order); rolls back at the end.
+- a download: the receive window (tcp_rmem, 6 MiB) caps stock; tuned moves more.
+The record claims no latency or CPU-per-GB gain (see docs/tuning.md), so none is asserted here.
+Stock here is Debian with a site's pfifo_fast (as test_node.py sets it; the same in any module
+order). Runs last on the session's VM (file order); rolls back at the end.
 """
 from __future__ import annotations
 
@@ -92,5 +90,3 @@ def test_tuning_gains_on_the_150ms_path(vm, tmp_path_factory, wheel_dir, stage):
         # a window caps a flow from above: the best run shows the cap (a slow run is the emulator
         # starved of CPU, not the window)
         assert max(tuned[test]["mbit_runs"]) > 1.2 * max(stock[test]["mbit_runs"]), (test, report)
-    assert tuned["up1"]["rtt_p99_ms"] < stock["up1"]["rtt_p99_ms"], report   # fq_codel against pfifo_fast
-    assert tuned["up1"]["cpu_s_per_gb"] < stock["up1"]["cpu_s_per_gb"], report   # jumbo frames
