@@ -23,7 +23,7 @@ MIRROR=$(sed -n 's/^URIs: *\([^ ]*debian\/*\)$/\1/p' /etc/apt/sources.list.d/deb
 [ -n "$MIRROR" ] || MIRROR=$(awk '/^deb /{print $2; exit}' /etc/apt/sources.list)
 
 debootstrap --variant=minbase \
-  --include=systemd-sysv,udev,dbus,openssh-server,python3,python3-venv,ethtool,iproute2,kmod,iputils-ping,linux-image-cloud-amd64,initramfs-tools,podman,crun,netavark,libpython3.11 \
+  --include=systemd-sysv,udev,dbus,openssh-server,python3,python3-venv,ethtool,iproute2,kmod,iputils-ping,iperf3,linux-image-cloud-amd64,initramfs-tools,podman,crun,netavark,libpython3.11 \
   bookworm "$ROOT" "$MIRROR" >"$OUT/debootstrap.log" 2>&1
 
 # the toolkit's runtime dependencies as wheels for the guest (the role copies them over)
