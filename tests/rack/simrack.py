@@ -253,6 +253,9 @@ def inventory(n: int, run: str, python: str | None) -> str:
             # node_exporter's textfile directory, per host (only /etc is private to a simulated host)
             "hkgpu_verify_textfile_dir": run + "/{{ inventory_hostname }}/textfile",
             "hkgpu_install_man_dir": run + "/{{ inventory_hostname }}/man/man8",
+            # the hosts share this machine's packages and /etc/default: node_exporter is the site's own
+            # here (the VM test node runs the role; tests/rack/test_node_exporter_role.py its flags)
+            "hkgpu_node_exporter_manage": False,
         },
         "children": {"hk_sim": {"children": {"rack_sim1": {"hosts": hosts}}}},
     }}
