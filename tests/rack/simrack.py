@@ -144,6 +144,8 @@ def inventory(n: int, run: str, python: str | None) -> str:
             # node_exporter's textfile directory, per host (only /etc is private to a simulated host)
             "hkgpu_verify_textfile_dir": run + "/{{ inventory_hostname }}/textfile",
             "hkgpu_install_man_dir": run + "/{{ inventory_hostname }}/man/man8",
+            # the PATH link: /usr/local/bin is shared by every simulated host
+            "hkgpu_install_bin_dir": run + "/{{ inventory_hostname }}/bin",
         },
         "children": {"hk_sim": {"children": {"rack_sim1": {"hosts": hosts}}}},
     }}

@@ -191,6 +191,20 @@ def dependencies(wheel: str, deps: str) -> list[str]:
     return done
 
 
+def content_key(wheel: str) -> str:
+    """sha256 of what a wheel installs (each file's name and bytes, RECORD left out), not of the zip:
+    the wheel a collection carries (built by pip, file dates in the zip) and the same version
+    packed again from an installed copy (`hkgpu-tune rack`) have other bytes but the same key, so
+    switching entry points never reinstalls the nodes."""
+    h = hashlib.sha256()
+    with zipfile.ZipFile(wheel) as z:
+        for name in sorted(z.namelist()):
+            if name.endswith("/") or re.search(r"\.dist-info/(RECORD|INSTALLER|REQUESTED|direct_url\.json)$", name):
+                continue
+            h.update(name.encode() + b"\0" + hashlib.sha256(z.read(name)).digest())
+    return h.hexdigest()
+
+
 def ship(out: str, wheel: str | None = None, deps: bool = True) -> dict:
     os.makedirs(out, exist_ok=True)
     if wheel:
@@ -204,9 +218,7 @@ def ship(out: str, wheel: str | None = None, deps: bool = True) -> dict:
     packed = dependencies(wheel, where) if deps else []
     h = hashlib.sha1()
     for p in [wheel] + sorted(packed):
-        h.update(os.path.basename(p).encode() + b"\0")
-        with open(p, "rb") as f:
-            h.update(hashlib.sha1(f.read()).digest())
+        h.update(os.path.basename(p).encode() + b"\0" + content_key(p).encode())
     return {"wheel": wheel, "deps": where, "sha1": h.hexdigest(), "packed": [os.path.basename(p) for p in packed]}
 
 
