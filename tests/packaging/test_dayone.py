@@ -109,3 +109,35 @@ def test_both_entry_points_ship_the_same_wheel_key(tarball, tmp_path):
     os.replace(str(changed) + ".d.zip", changed)
     c = ship(sys.executable, "--out", str(tmp_path / "c"), "--wheel", str(changed))
     assert c["sha1"] != b["sha1"]                                            # other content: installed
+
+
+EXTRAS = ["extras/testinfra/conftest.py", "extras/testinfra/infra_checks.py", "extras/testinfra/test_settings.py",
+          "extras/grafana/hkgpu-tune.json", "extras/README.md"]
+
+
+def test_the_tarball_and_the_wheel_carry_the_testinfra_checks_and_the_dashboard(tarball, wheel):
+    with tarfile.open(tarball) as t:
+        names = set(t.getnames())
+        for n in EXTRAS:
+            m = t.getmember(n)
+            assert m.isfile() and m.size > 0, n          # a file, not a link out of the collection
+    with zipfile.ZipFile(wheel) as z:
+        wnames = set(z.namelist())
+    coll = "hkgpu_tune/ansible/collections/ansible_collections/hkgpu/tune/"
+    assert [n for n in EXTRAS if coll + n not in wnames] == []
+    assert set(EXTRAS) <= names
+
+
+def test_the_shipped_testinfra_checks_run_from_the_installed_collection(tarball, tmp_path):
+    """Out of the tarball, away from the source tree: one test per setting of a profile."""
+    with tarfile.open(tarball) as t:
+        t.extractall(tmp_path / "c", filter="data")
+    prof = tmp_path / "node.yaml"
+    prof.write_text("name: t\nsysctl:\n  net.ipv4.tcp_mtu_probing: 1\n  net.ipv4.tcp_fin_timeout: 15\n")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--collect-only", "-q",
+                        "--rootdir", str(tmp_path / "c"), str(tmp_path / "c" / "extras" / "testinfra"),
+                        "--hosts=local://", f"--hkgpu-profile={prof}"],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env)
+    assert r.returncode == 0 and "2 tests collected" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
+    assert "net.ipv4.tcp_fin_timeout" in r.stdout

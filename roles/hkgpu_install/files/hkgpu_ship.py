@@ -33,8 +33,19 @@ import zipfile
 
 DIST = "hkgpu-tune"
 # not part of a build: left out of the copy the wheel is built from
-NOT_BUILT = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", "*.pyc", ".venv",
-                                   ".pytest_cache", ".cache", "tests", "bench", "docs")
+_NOT_BUILT = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", "*.pyc", ".venv",
+                                    ".pytest_cache", ".cache", "bench", "docs")
+
+
+def NOT_BUILT(d: str, names: list[str]) -> set[str]:
+    """Also no tests, but tests/infra: the testinfra checks the package ships (links in the collection)."""
+    out = set(_NOT_BUILT(d, names))
+    top = os.path.isfile(os.path.join(d, "pyproject.toml"))
+    if "tests" in names and not top:
+        out.add("tests")
+    if os.path.basename(d) == "tests" and os.path.isfile(os.path.join(os.path.dirname(d), "pyproject.toml")):
+        out |= {n for n in names if n != "infra"}
+    return out
 SKIP_META = {"INSTALLER", "REQUESTED", "RECORD", "direct_url.json"}
 
 
