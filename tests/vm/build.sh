@@ -23,8 +23,14 @@ MIRROR=$(sed -n 's/^URIs: *\([^ ]*debian\/*\)$/\1/p' /etc/apt/sources.list.d/deb
 [ -n "$MIRROR" ] || MIRROR=$(awk '/^deb /{print $2; exit}' /etc/apt/sources.list)
 
 debootstrap --variant=minbase \
-  --include=systemd-sysv,udev,dbus,openssh-server,python3,python3-venv,ethtool,iproute2,kmod,iputils-ping,linux-image-cloud-amd64,initramfs-tools,podman,crun,netavark,libpython3.11 \
+  --include=systemd-sysv,udev,dbus,openssh-server,python3,python3-venv,ethtool,iproute2,kmod,iputils-ping,linux-image-cloud-amd64,initramfs-tools,podman,crun,netavark,libpython3.11,sudo,prometheus,prometheus-node-exporter,prometheus-alertmanager \
   bookworm "$ROOT" "$MIRROR" >"$OUT/debootstrap.log" 2>&1
+
+# day one (tests/vm/test_dayone_vm.py): Debian's prometheus, node_exporter and alertmanager as
+# Debian ships them, and an operator who logs in as `ops` and becomes root through sudo
+chroot "$ROOT" useradd -m -s /bin/bash ops
+echo "ops ALL=(ALL) NOPASSWD:ALL" >"$ROOT/etc/sudoers.d/ops"
+chmod 440 "$ROOT/etc/sudoers.d/ops"
 
 # the toolkit's runtime dependencies as wheels for the guest (the role copies them over)
 rm -rf "$OUT/wheelhouse"
@@ -58,6 +64,9 @@ rm -f "$OUT/id_ed25519" "$OUT/id_ed25519.pub"
 ssh-keygen -q -t ed25519 -N '' -f "$OUT/id_ed25519"
 install -d -m 700 "$ROOT/root/.ssh"
 install -m 600 "$OUT/id_ed25519.pub" "$ROOT/root/.ssh/authorized_keys"
+install -d -m 700 "$ROOT/home/ops/.ssh"
+install -m 600 "$OUT/id_ed25519.pub" "$ROOT/home/ops/.ssh/authorized_keys"
+chroot "$ROOT" chown -R ops:ops /home/ops/.ssh
 
 cp "$(ls "$ROOT"/boot/vmlinuz-* | head -1)" "$OUT/vmlinuz"
 cp "$(ls "$ROOT"/boot/initrd.img-* | head -1)" "$OUT/initrd.img"
