@@ -51,6 +51,9 @@ rm -rf "$SITE/bin"
 # system: hostname, fstab, network by MAC (tests/vm/vm.py sets them): the management NIC for
 # SSH (QEMU user network), the data NIC (tap into the test's namespace), owned by networkd
 echo hkvm >"$ROOT/etc/hostname"
+# as Debian's installer writes it: sudo looks its host name up, and with no answer it waits for
+# DNS (the guest has none) past Ansible's become timeout
+printf '127.0.0.1\tlocalhost\n127.0.1.1\thkvm\n' >"$ROOT/etc/hosts"
 echo "/dev/vda / ext4 rw,relatime 0 1" >"$ROOT/etc/fstab"
 mkdir -p "$ROOT/etc/systemd/network"
 printf '[Match]\nMACAddress=52:54:00:00:02:0f\n[Network]\nAddress=10.0.2.15/24\nGateway=10.0.2.2\nLinkLocalAddressing=no\n' \

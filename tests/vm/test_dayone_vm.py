@@ -109,6 +109,21 @@ def test_converge_as_a_sudo_user_and_the_node_is_watched(vm, day1, stage):
     TIMINGS["timer_to_prometheus_s"] = round(t, 1)
 
 
+def test_reboot_verify_green_and_the_timer_runs_again(vm, day1, stage):
+    """The settings come back at boot (sysctl.d written by persist), verify exits 0, the timer is green."""
+    vm.close_masters()
+    with stage("day one: reboot to SSH"):
+        TIMINGS["reboot_to_ssh_s"] = round(vm.reboot(), 1)
+    t0 = time.monotonic()
+    assert {k: int(v) for k, v in sysctls(vm).items()} == SETTINGS
+    p = vm.ssh("su - ops -c 'sudo hkgpu-tune verify --json'", timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr
+    show = "systemctl show hkgpu-tune-verify.service -P Result -P ExecMainStatus -P ExecMainExitTimestampMonotonic"
+    wait("the verify timer's run after the reboot", lambda: (lambda o: o[0] == "success" and o[2] != "0")(
+        vm.ssh(show).stdout.split()), 300)
+    TIMINGS["ssh_to_verify_and_timer_green_s"] = round(time.monotonic() - t0, 1)
+
+
 def test_a_second_converge_by_the_other_entry_point_changes_and_installs_nothing(vm, day1, stage):
     stamp = vm.ssh("ls /opt/hkgpu-tune/.installed-* && stat -c %Y /opt/hkgpu-tune/wheels", check=True).stdout
     with stage("day one: hkgpu-tune rack apply (second converge)"):
