@@ -69,7 +69,8 @@ def day1(vm, tmp_path_factory, wheel_dir):
     inv = {"all": {"hosts": {"hkvm": host}, "vars": {
         "hkgpu_network_sysctl": SETTINGS,
         "hkgpu_install_wheelhouse": os.path.join(vm.dir, "wheelhouse"),
-        "hkgpu_verify_boot_delay": "20s", "hkgpu_verify_interval": "30s"}}}
+        "hkgpu_verify_boot_delay": "20s", "hkgpu_verify_interval": "30s",
+        "ansible_timeout": 60}}}   # software emulation: sudo's first answer can take over Ansible's 10 s
     (d / "inventory.yml").write_text(yaml.safe_dump(inv))
     return {"dir": d, "env": env, "inventory": str(d / "inventory.yml"), "originals": sysctls(vm)}
 
