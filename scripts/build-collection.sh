@@ -26,6 +26,9 @@ trap 'rm -rf "$stage"' EXIT
 dst="$stage/ansible_collections/hkgpu/tune"
 mkdir -p "$dst"
 cp -rL "$src/." "$dst/"
+# the example inventory (its README's commands start from a copy of it)
+mkdir -p "$dst/inventory"
+cp -rL inventory/. "$dst/inventory/"
 find "$dst" \( -name __pycache__ -o -name '*.pyc' -o -name '*.retry' \) -prune -exec rm -rf {} +
 # the toolkit's wheel, built from this tree: hkgpu_install ships it to the nodes (the same version)
 PYTHONPATH="$PWD" "$PY" roles/hkgpu_install/files/hkgpu_ship.py --no-deps --out "$stage/wheels" >"$stage/ship.json"

@@ -60,6 +60,10 @@ class Context:
                     raise HkError(f"--only {','.join(lacking)}: the profile {prof.label} has no "
                                   f"{', '.join(dict.fromkeys(subsystems.SECTION[n] + ':' for n in lacking))} "
                                   f"section (it has: {', '.join(have) or 'nothing'})")
+                facts = [n for n in known if subsystems.get(n).facts_only]
+                if facts and len(facts) == len(only) and self.command != "facts":
+                    raise HkError(f"--only {','.join(facts)}: {', '.join(facts)} only report facts and have "
+                                  f"nothing to {self.command}: run `hkgpu-tune facts --only {','.join(facts)}`")
             self._engine = Engine(prof, only=only, state_dir=self.args.state_dir)
         return self._engine
 

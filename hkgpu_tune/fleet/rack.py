@@ -173,7 +173,8 @@ def diff_text(d) -> str:
 def run_playbook(action: str, inventory: str, limit: str | None = None, extravars: dict | None = None,
                  tags: str | None = None, check: bool = False, on_update=None, verbosity: int = 0,
                  forks: int | None = None, skip_tags: str | None = None, on_event=None,
-                 diff: bool = False, timeout: int = TIMEOUT_S) -> RackRun:
+                 diff: bool = False, timeout: int = TIMEOUT_S, user: str | None = None,
+                 vault_password_file: str | None = None, vault_password: str | None = None) -> RackRun:
     """Run site.yml (apply), verify.yml or rollback.yml (or a playbook path) through ansible-runner.
     timeout: the per-host bound in seconds (see TIMEOUT_S)."""
     try:
@@ -200,6 +201,10 @@ def run_playbook(action: str, inventory: str, limit: str | None = None, extravar
         cmdline += ["--check", "--diff"]
     elif diff:
         cmdline += ["--diff"]
+    if user:
+        cmdline += ["--user", user]
+    if vault_password_file:
+        cmdline += ["--vault-password-file", os.path.abspath(vault_password_file)]
 
     def handler(ev):
         if on_event:
@@ -209,9 +214,15 @@ def run_playbook(action: str, inventory: str, limit: str | None = None, extravar
             on_update(hosts)
         return False   # do not keep the event files
 
-    tmp = tempfile.mkdtemp(prefix="hkgpu-rack-")
+    tmp = tempfile.mkdtemp(prefix="hkgpu-rack-")     # 0700: the vault password below is ours alone
     t0 = time.monotonic()
     try:
+        if vault_password is not None:   # --ask-vault-pass: asked here, read by ansible from a private file
+            vf = os.path.join(tmp, "vault-pass")
+            fd = os.open(vf, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(vault_password + "\n")
+            cmdline += ["--vault-password-file", vf]
         envvars = {"ANSIBLE_CONFIG": str(base / "ansible.cfg"), "ANSIBLE_ROLES_PATH": str(coll / "roles"),
                    "ANSIBLE_TASK_TIMEOUT": str(timeout), "ANSIBLE_TIMEOUT": str(connect_timeout(timeout)),
                    # ssh's shared connections (ControlPersist) of this run only: a master left by an
@@ -243,6 +254,7 @@ def _close_masters(cp: str) -> None:
 
 # ---------------------------------------------------------------- CLI: hkgpu-tune rack ...
 def add_parser(sub) -> None:
+    import argparse
     p = sub.add_parser("rack", help="run apply / verify / rollback over a rack with Ansible")
     p.add_argument("action", choices=sorted(PLAYBOOKS))
     p.add_argument("--inventory", "-i", required=True, help="Ansible inventory (file or directory)")
@@ -262,6 +274,11 @@ def add_parser(sub) -> None:
                    help=f"per-host bound: a task running longer on a host fails it as timed out, and a host "
                         f"that does not answer within half of it (at most {CONNECT_TIMEOUT_S} s) is unreachable "
                         f"(default {TIMEOUT_S})")
+    p.add_argument("--user", "-u", help="the SSH user (ansible's --user); root through become")
+    p.add_argument("--become", action=argparse.BooleanOptionalAction, default=None,
+                   help="become root on the nodes (the playbooks' default; sets hkgpu_become)")
+    p.add_argument("--ask-vault-pass", action="store_true", help="ask for the vault password")
+    p.add_argument("--vault-password-file", metavar="FILE", help="ansible's --vault-password-file")
     p.add_argument("--json", action="store_true", help="machine-readable per-host results")
     p.set_defaults(extra_run=cli_run)
 
@@ -392,8 +409,14 @@ def cli_run(args) -> int:
     from hkgpu_tune.core.report import envelope, make_console, wrap
 
     extra = _extravars(args.extra_vars)
-    kw = dict(verbosity=args.verbose, forks=args.forks, skip_tags=args.skip_tags, diff=args.diff,
-              timeout=args.timeout)
+    if args.become is not None:
+        extra["hkgpu_become"] = args.become
+    kw = dict(verbosity=args.verbose, forks=args.forks, skip_tags=args.skip_tags, diff=args.diff, user=args.user,
+              timeout=args.timeout,
+              vault_password_file=args.vault_password_file)
+    if args.ask_vault_pass:
+        import getpass
+        kw["vault_password"] = getpass.getpass("Vault password: ")
     err = make_console(stderr=True)
     if args.verbose and not args.json:   # ansible's own output, as it comes
         import re
@@ -430,4 +453,6 @@ def cli_run(args) -> int:
         only_drift = args.action == "verify" and all(
             r.failures and all(f["status"] == "drift" for f in r.failures) for r in run.hosts.values() if r.is_failed)
         return 2 if only_drift else 1
+    if run.rc == 0 and args.check and any(r.changed for r in run.hosts.values()):
+        return 2     # --check: changes pending (drift), as `hkgpu-tune plan`
     return 0 if run.rc == 0 else 1

@@ -8,12 +8,9 @@ node_exporter's textfile collector (the timer, the boot unit and an operator all
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import glob
 import hashlib
 import os
 import re
-import stat
 import time
 from dataclasses import dataclass, field
 
@@ -21,7 +18,7 @@ from hkgpu_tune.observe import collect as C
 from hkgpu_tune.observe import health
 from hkgpu_tune.core import paths, report
 from hkgpu_tune.core.errors import HkError
-from hkgpu_tune.core.fsutil import atomic_write, untrusted_reason
+from hkgpu_tune.core import safedir
 
 DEFAULT_DIR = paths.TEXTFILE_DIR
 FILE_NAME = paths.TEXTFILE_NAME
@@ -50,26 +47,16 @@ def textfile_dir(arg: str | None) -> str:
     return arg or os.environ.get(ENV_DIR) or DEFAULT_DIR
 
 
+def open_dir(d: str) -> int:
+    """A descriptor of the textfile directory, opened under core.safedir's rule (no link on the
+    way, every directory above owned by root or a system account such as Debian's `prometheus`,
+    the directory itself root's and no one else's to write). One line naming the reason otherwise."""
+    return safedir.open_dir(d, "textfile directory")
+
+
 def check_dir(d: str) -> None:
-    """The textfile directory must exist, be a directory (not a link to one) and be writable, and
-    no other user may be able to swap it: every directory above it passes the trust rule. One line
-    otherwise."""
-    try:
-        if stat.S_ISLNK(os.lstat(d).st_mode):
-            raise HkError(f"{d}: the textfile directory is a symbolic link: refused (name the directory itself)")
-        parent = os.path.dirname(os.path.abspath(d))
-        why = untrusted_reason(parent, "directory above the textfile directory")
-        if why:
-            raise HkError(f"{why}: refused (another user could swap the textfile directory)")
-        st = os.stat(d)
-    except FileNotFoundError:
-        raise HkError(f"{d}: textfile directory does not exist (create it, or pass --textfile-dir)") from None
-    except OSError as e:
-        raise HkError(f"{d}: textfile directory cannot be read: {e.strerror}") from None
-    if not stat.S_ISDIR(st.st_mode):
-        raise HkError(f"{d}: not a directory (--textfile-dir)")
-    if not os.access(d, os.W_OK | os.X_OK):
-        raise HkError(f"{d}: textfile directory is not writable (permissions, or a read-only file system)")
+    """open_dir() without keeping the descriptor (the CLI fails fast, before the profile loads)."""
+    os.close(open_dir(d))
 
 
 SAMPLE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)", re.M)
@@ -81,44 +68,67 @@ def series_names(text: str) -> set[str]:
     return set(SAMPLE_RE.findall(text))
 
 
-def check_one_writer(path: str, text: str) -> None:
+def check_one_writer(dirfd: int, where: str, name: str, text: str) -> None:
     """node_exporter's textfile collector merges every *.prom of its directory and drops a series
-    that two files carry, without raising node_textfile_scrape_error: refuse to write `path`
+    that two files carry, without raising node_textfile_scrape_error: refuse to write `name`
     where another *.prom of the directory has one of the same metric names."""
     mine = series_names(text)
-    here = os.path.realpath(path)
-    for other in sorted(glob.glob(os.path.join(os.path.dirname(path) or ".", "*.prom"))):
-        if os.path.realpath(other) == here or not os.path.isfile(other):
-            continue
-        try:
-            with open(other, errors="replace") as f:
-                clash = sorted(mine & series_names(f.read(READ_MAX)))
-        except OSError:
-            continue
+    for other in sorted(n for n in os.listdir(dirfd) if n.endswith(".prom") and n != name):
+        body = safedir.read_at(dirfd, other, READ_MAX)
+        clash = sorted(mine & series_names(body)) if body else []
         if clash:
             more = f" and {len(clash) - 1} more" if len(clash) > 1 else ""
-            raise HkError(f"{path}: {other} already has {clash[0]}{more}; node_exporter would drop the "
-                          f"duplicate series (one writer per textfile): write to another directory")
+            raise HkError(f"{os.path.join(where, name)}: {os.path.join(where, other)} already has "
+                          f"{clash[0]}{more}; node_exporter would drop the duplicate series (one writer "
+                          f"per textfile): write to another directory")
+
+
+LOCK_FILE = "textfile.lock"
+LOCK_WAIT = 30.0     # seconds a writer waits for another of ours, then says so and gives up
 
 
 @contextlib.contextmanager
-def one_writer(directory: str):
-    """Serialise writers of the directory's textfiles (the timer, the boot unit, an operator):
-    an exclusive flock on the directory itself, held while the file is built and renamed."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+def one_writer():
+    """Serialise this tool's textfile writers (the timer, the boot unit, an operator) with a lock
+    file in the host directory (root's, 0700: no other user can open it, let alone hold it; a lock
+    on the textfile directory itself could be taken by anyone who can read it). Tried without
+    blocking for at most LOCK_WAIT seconds: a stuck writer of ours is an error, never a hang."""
+    from hkgpu_tune.core import lockfile
+    from hkgpu_tune.tune.host import Host, owned_problem
+    h = Host()
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)   # releases the lock
+        h.check_dir()
+    except HkError:
+        if os.geteuid() == 0:
+            raise
+        yield           # not root and no host directory of ours: nothing to serialise with
+        return
+    path = os.path.join(h.dir, LOCK_FILE)
+    deadline = time.monotonic() + LOCK_WAIT
+    while True:
+        try:
+            with lockfile.hold(path, "textfile lock file", f"{os.getpid()}\n", owned_problem):
+                yield
+            return
+        except lockfile.Busy as e:
+            if time.monotonic() >= deadline:
+                pid = e.record.split(b"\n")[0].decode("ascii", "replace").strip()
+                raise HkError(f"{path}: another export (pid {pid or '?'}) has held the textfile lock "
+                              f"for over {LOCK_WAIT:.0f} s: nothing written") from None
+            time.sleep(0.2)
 
 
 def write_textfile(path: str, text: str) -> None:
-    """`verify --prometheus FILE`: the same one-writer rules as the export."""
-    d = os.path.dirname(os.path.abspath(path))
-    with one_writer(d):
-        check_one_writer(path, text)
-        atomic_write(path, text, mode=0o644)
+    """`verify --prometheus FILE`: the same directory rule and one-writer rules as the export."""
+    where = os.path.dirname(os.path.abspath(path))
+    name = os.path.basename(path)
+    fd = safedir.open_dir(where, "directory of the --prometheus file")
+    try:
+        with one_writer():
+            check_one_writer(fd, where, name, text)
+            safedir.write_at(fd, name, text, where)
+    finally:
+        os.close(fd)
 
 
 def profile_sha256(profile, path=None) -> str:
@@ -211,15 +221,18 @@ def export(profile, directory: str | None = None, *, probes: bool = False, engin
     """Check the directory first (nothing is collected into a place that cannot take it), then
     build and write DIR/hkgpu-tune.prom atomically; the previous file stays on any error. Two
     writers of the directory take turns; a file of another writer with the same series is refused."""
-    d = textfile_dir(directory)
-    check_dir(d)
-    if engine is None:
-        from hkgpu_tune.tune.engine import Engine
-        engine = Engine(profile, state_dir=state_dir)
-    with one_writer(d):
-        rep = build(profile, engine, probes=probes, sources=sources, profile_file=profile_file,
-                    collectors=collectors, exporters=exporters)
-        rep.path = os.path.join(d, FILE_NAME)
-        check_one_writer(rep.path, rep.text)
-        atomic_write(rep.path, rep.text, mode=0o644)
+    d = os.path.normpath(os.path.abspath(textfile_dir(directory)))
+    fd = open_dir(d)
+    try:
+        if engine is None:
+            from hkgpu_tune.tune.engine import Engine
+            engine = Engine(profile, state_dir=state_dir)
+        with one_writer():
+            rep = build(profile, engine, probes=probes, sources=sources, profile_file=profile_file,
+                        collectors=collectors, exporters=exporters)
+            rep.path = os.path.join(d, FILE_NAME)
+            check_one_writer(fd, d, FILE_NAME, rep.text)
+            safedir.write_at(fd, FILE_NAME, rep.text, d)
+    finally:
+        os.close(fd)
     return rep

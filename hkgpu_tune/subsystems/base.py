@@ -13,6 +13,7 @@ class Subsystem:
     """
 
     name = ""
+    facts_only = False   # reads facts, sets and verifies nothing (firewall, rdma)
 
     def __init__(self, profile, backends):
         self.profile = profile

@@ -88,6 +88,7 @@ def read_nft(doc: dict, serving: list[int]) -> dict:
 
 class Plugin(Subsystem):
     name = "firewall"
+    facts_only = True
 
     # facts only: verify and plan have nothing to compare and read nothing
     def verify(self):

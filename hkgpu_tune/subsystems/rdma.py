@@ -20,6 +20,7 @@ MAX_GIDS = 256
 
 class Plugin(Subsystem):
     name = "rdma"
+    facts_only = True
 
     # facts only: verify and plan have nothing to compare and read nothing
     def verify(self):

@@ -382,6 +382,9 @@ def device_unit(ifname: str) -> str:
     return f"sys-subsystem-net-devices-{esc}.device"
 
 
+BOOT_TIMEOUT = "5min"
+
+
 def boot_unit(exe: list[str] | str, only: list[str], devices=()) -> str:
     """The boot unit. It waits for the interfaces it tunes (their device units: each at most
     systemd's device timeout), not for systemd-udev-settle, which is deprecated and waits for all."""
@@ -403,6 +406,9 @@ Conflicts=shutdown.target
 [Service]
 Type=oneshot
 RemainAfterExit=yes
+# a oneshot has no start timeout by default: whatever stalls (a NIC, NVML, a hook) must not hold
+# the boot before network-online.target; systemd then kills it and the unit is failed, in the journal
+TimeoutStartSec={BOOT_TIMEOUT}
 # the export writes the one textfile the verify timer also writes (HKGPU_TUNE_TEXTFILE_DIR, else
 # node_exporter's default directory): the same series, never a second file; health before it runs
 # the profile's on_unhealthy/on_healthy hooks on a transition, as the verify timer does

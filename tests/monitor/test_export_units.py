@@ -143,3 +143,13 @@ def test_the_service_names_the_host_dir_only_when_the_role_sets_one():
     assert [e for e in keys(render("hkgpu-tune-verify.service.j2"), "Environment") if "HOST_DIR" in e] == []
     s = render("hkgpu-tune-verify.service.j2", hkgpu_host_dir="/srv/sim 1/%h")
     assert '"HKGPU_TUNE_HOST_DIR=/srv/sim 1/%%h"' in keys(s, "Environment")
+
+
+def test_the_verify_service_runs_only_where_its_profile_exists():
+    """With nothing for the roles to set there is no node profile: the timer's run is skipped
+    (a start condition) instead of failing on every tick with `no such profile file`."""
+    s = render("hkgpu-tune-verify.service.j2", hkgpu_profile_path="/etc/hkgpu-tune/node.yaml")
+    profiles = {a.split()[a.split().index("--profile") + 1] for a in keys(s, "ExecStart")}
+    assert keys(s, "ConditionPathExists") == sorted(profiles) == ["/etc/hkgpu-tune/node.yaml"]
+    s = render("hkgpu-tune-verify.service.j2", hkgpu_profile_path="/srv/100%/node.yaml")
+    assert keys(s, "ConditionPathExists") == ["/srv/100%%/node.yaml"]     # systemd's specifier escape

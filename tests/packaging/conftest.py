@@ -17,8 +17,18 @@ import simrack  # noqa: E402
 env_tools_on_path()
 HOSTS = 2
 # not part of the package: left out of the copy the wheel is built from
-NOT_SHIPPED = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", "*.pyc", ".venv",
-                                     ".pytest_cache", ".cache", ".whl", ".gl", "tests", "bench", "docs")
+_NOT_SHIPPED = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", "*.pyc", ".venv",
+                                      ".pytest_cache", ".cache", ".whl", ".gl", "bench", "docs")
+
+
+def NOT_SHIPPED(d, names):
+    """No tests either, but tests/infra: the testinfra checks the collection ships (links to them)."""
+    out = set(_NOT_SHIPPED(d, names))
+    if "tests" in names and os.path.realpath(d) != os.path.realpath(REPO):
+        out.add("tests")
+    if os.path.realpath(d) == os.path.realpath(os.path.join(REPO, "tests")):
+        out |= {n for n in names if n != "infra"}
+    return out
 
 
 @pytest.fixture(scope="session")

@@ -101,7 +101,7 @@ def test_rack_apply_verify_rollback_from_the_wheel(venv, wheel, rack, tmp_path):
 
     # check mode on fresh nodes: the install is reported, nothing fails, nothing is written
     rc, doc, err = cli(venv, away, "rack", "apply", "-i", inv, "--check", "--json")
-    assert rc == 0, (err[-2000:], doc)
+    assert rc == 2, (err[-2000:], doc)      # --check with changes pending: 2, as `plan`
     for h, r in doc["hosts"].items():
         assert r["changed"] > 0 and not r["failed"] and not r["unreachable"], (h, r)
     for h in hosts:

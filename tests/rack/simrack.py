@@ -256,6 +256,8 @@ def inventory(n: int, run: str, python: str | None) -> str:
             # the hosts share this machine's packages and /etc/default: node_exporter is the site's own
             # here (the VM test node runs the role; tests/rack/test_node_exporter_role.py its flags)
             "hkgpu_node_exporter_manage": False,
+            # the PATH link: /usr/local/bin is shared by every simulated host
+            "hkgpu_install_bin_dir": run + "/{{ inventory_hostname }}/bin",
         },
         "children": {"hk_sim": {"children": {"rack_sim1": {"hosts": hosts}}}},
     }}

@@ -57,3 +57,35 @@ def test_every_host_renders_a_valid_profile():
         assert {p.name[:2] for p in prof.network.wan_peers} >= {"sg", "jp", "cn"}, host
         assert all(p.rtt_ms for p in prof.network.wan_peers), host
         assert prof.section("gpu") is not None, host
+
+
+# The shipped profile each rack's settings follow (rack_kwc_c01 is the latency-leaning one), and
+# the settings the inventory changes on purpose, each with its reason. Anything else of the
+# profile's sysctl and gpu sections must be there with the profile's value (issue 33: the
+# inventory dropped the TCP keepalive, and its racks kept the kernel's 7200 s).
+FOLLOWS = {"rack_kwc_c01": "hk-latency"}
+DELIBERATE = {
+    ("hk-inference", "gpu", "compute_mode"): "one server per GPU through MPS: exclusive_process",
+}
+
+
+def shipped(name: str) -> dict:
+    with open(os.path.join(REPO, "hkgpu_tune", "profiles", f"{name}.yaml")) as f:
+        return yaml.safe_load(f)
+
+
+def test_every_host_keeps_every_setting_of_its_profile_unless_deliberately_changed():
+    inv = inventory()
+    bad = []
+    for host, hv in inv["_meta"]["hostvars"].items():
+        groups = [g for g, v in inv.items() if host in (v.get("hosts") or [])]
+        base = next((FOLLOWS[g] for g in groups if g in FOLLOWS), "hk-inference")
+        want, got = shipped(base), node_profile(hv)
+        for section in ("sysctl", "gpu"):
+            for key, value in (want.get(section) or {}).items():
+                if (base, section, key) in DELIBERATE:
+                    continue
+                have = (got.get(section) or {}).get(key, "<missing>")
+                if have != value:
+                    bad.append(f"{host} ({base}): {section}.{key}: {have} != {value}")
+    assert bad == [], "\n".join(sorted(set(bad))[:40])

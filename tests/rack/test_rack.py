@@ -108,6 +108,11 @@ def test_converge(rack):
         assert len(r.results) == SETTINGS_PER_HOST and not r.failures, (h, r.failures)
     s = snapshot(rack["hosts"][1])
     assert "mtu 9000" in s["link"] and s["net.ipv4.tcp_fin_timeout"] == "15"
+    for h in rack["hosts"]:   # hkgpu-tune on PATH (the role's bin dir, per simulated host): the venv's
+        link = os.path.join(rack["dir"], h, "bin", "hkgpu-tune")
+        assert os.readlink(link) == os.path.join(rack["dir"], h, "opt", "hkgpu-tune", "bin", "hkgpu-tune"), h
+        r = simrack.nsexec(h, link, "verify", "--profile", "/etc/hkgpu-tune/node.yaml", "--json", check=False)
+        assert r.returncode == 0 and json.loads(r.stdout)["failures"] == [], r.stdout[-2000:] + r.stderr
 
 
 def unit_export(rack, host):

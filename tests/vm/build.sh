@@ -23,8 +23,14 @@ MIRROR=$(sed -n 's/^URIs: *\([^ ]*debian\/*\)$/\1/p' /etc/apt/sources.list.d/deb
 [ -n "$MIRROR" ] || MIRROR=$(awk '/^deb /{print $2; exit}' /etc/apt/sources.list)
 
 debootstrap --variant=minbase \
-  --include=systemd-sysv,udev,dbus,openssh-server,python3,python3-venv,ethtool,iproute2,kmod,iputils-ping,iperf3,linux-image-cloud-amd64,initramfs-tools,podman,crun,netavark,libpython3.11 \
+  --include=systemd-sysv,udev,dbus,openssh-server,python3,python3-venv,ethtool,iproute2,kmod,iputils-ping,iperf3,linux-image-cloud-amd64,initramfs-tools,podman,crun,netavark,libpython3.11,sudo,prometheus,prometheus-node-exporter,prometheus-alertmanager \
   bookworm "$ROOT" "$MIRROR" >"$OUT/debootstrap.log" 2>&1
+
+# day one (tests/vm/test_dayone_vm.py): Debian's prometheus, node_exporter and alertmanager as
+# Debian ships them, and an operator who logs in as `ops` and becomes root through sudo
+chroot "$ROOT" useradd -m -s /bin/bash ops
+echo "ops ALL=(ALL) NOPASSWD:ALL" >"$ROOT/etc/sudoers.d/ops"
+chmod 440 "$ROOT/etc/sudoers.d/ops"
 
 # the toolkit's runtime dependencies as wheels for the guest (the role copies them over)
 rm -rf "$OUT/wheelhouse"
@@ -45,6 +51,9 @@ rm -rf "$SITE/bin"
 # system: hostname, fstab, network by MAC (tests/vm/vm.py sets them): the management NIC for
 # SSH (QEMU user network), the data NIC (tap into the test's namespace), owned by networkd
 echo hkvm >"$ROOT/etc/hostname"
+# as Debian's installer writes it: sudo looks its host name up, and with no answer it waits for
+# DNS (the guest has none) past Ansible's become timeout
+printf '127.0.0.1\tlocalhost\n127.0.1.1\thkvm\n' >"$ROOT/etc/hosts"
 echo "/dev/vda / ext4 rw,relatime 0 1" >"$ROOT/etc/fstab"
 mkdir -p "$ROOT/etc/systemd/network"
 printf '[Match]\nMACAddress=52:54:00:00:02:0f\n[Network]\nAddress=10.0.2.15/24\nGateway=10.0.2.2\nLinkLocalAddressing=no\n' \
@@ -58,6 +67,9 @@ rm -f "$OUT/id_ed25519" "$OUT/id_ed25519.pub"
 ssh-keygen -q -t ed25519 -N '' -f "$OUT/id_ed25519"
 install -d -m 700 "$ROOT/root/.ssh"
 install -m 600 "$OUT/id_ed25519.pub" "$ROOT/root/.ssh/authorized_keys"
+install -d -m 700 "$ROOT/home/ops/.ssh"
+install -m 600 "$OUT/id_ed25519.pub" "$ROOT/home/ops/.ssh/authorized_keys"
+chroot "$ROOT" chown -R ops:ops /home/ops/.ssh
 
 cp "$(ls "$ROOT"/boot/vmlinuz-* | head -1)" "$OUT/vmlinuz"
 cp "$(ls "$ROOT"/boot/initrd.img-* | head -1)" "$OUT/initrd.img"

@@ -33,8 +33,19 @@ import zipfile
 
 DIST = "hkgpu-tune"
 # not part of a build: left out of the copy the wheel is built from
-NOT_BUILT = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", "*.pyc", ".venv",
-                                   ".pytest_cache", ".cache", "tests", "bench", "docs")
+_NOT_BUILT = shutil.ignore_patterns(".git", "build", "dist", "*.egg-info", "__pycache__", "*.pyc", ".venv",
+                                    ".pytest_cache", ".cache", "bench", "docs")
+
+
+def NOT_BUILT(d: str, names: list[str]) -> set[str]:
+    """Also no tests, but tests/infra: the testinfra checks the package ships (links in the collection)."""
+    out = set(_NOT_BUILT(d, names))
+    top = os.path.isfile(os.path.join(d, "pyproject.toml"))
+    if "tests" in names and not top:
+        out.add("tests")
+    if os.path.basename(d) == "tests" and os.path.isfile(os.path.join(os.path.dirname(d), "pyproject.toml")):
+        out |= {n for n in names if n != "infra"}
+    return out
 SKIP_META = {"INSTALLER", "REQUESTED", "RECORD", "direct_url.json"}
 
 
@@ -191,6 +202,20 @@ def dependencies(wheel: str, deps: str) -> list[str]:
     return done
 
 
+def content_key(wheel: str) -> str:
+    """sha256 of what a wheel installs (each file's name and bytes, RECORD left out), not of the zip:
+    the wheel a collection carries (built by pip, file dates in the zip) and the same version
+    packed again from an installed copy (`hkgpu-tune rack`) have other bytes but the same key, so
+    switching entry points never reinstalls the nodes."""
+    h = hashlib.sha256()
+    with zipfile.ZipFile(wheel) as z:
+        for name in sorted(z.namelist()):
+            if name.endswith("/") or re.search(r"\.dist-info/(RECORD|INSTALLER|REQUESTED|direct_url\.json)$", name):
+                continue
+            h.update(name.encode() + b"\0" + hashlib.sha256(z.read(name)).digest())
+    return h.hexdigest()
+
+
 def ship(out: str, wheel: str | None = None, deps: bool = True) -> dict:
     os.makedirs(out, exist_ok=True)
     if wheel:
@@ -204,9 +229,7 @@ def ship(out: str, wheel: str | None = None, deps: bool = True) -> dict:
     packed = dependencies(wheel, where) if deps else []
     h = hashlib.sha1()
     for p in [wheel] + sorted(packed):
-        h.update(os.path.basename(p).encode() + b"\0")
-        with open(p, "rb") as f:
-            h.update(hashlib.sha1(f.read()).digest())
+        h.update(os.path.basename(p).encode() + b"\0" + content_key(p).encode())
     return {"wheel": wheel, "deps": where, "sha1": h.hexdigest(), "packed": [os.path.basename(p) for p in packed]}
 
 

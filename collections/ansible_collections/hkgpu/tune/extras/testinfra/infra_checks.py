@@ -1,0 +1,1 @@
+../../../../../../tests/infra/infra_checks.py

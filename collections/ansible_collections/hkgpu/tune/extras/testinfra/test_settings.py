@@ -1,0 +1,1 @@
+../../../../../../tests/infra/test_settings.py
