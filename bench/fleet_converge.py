@@ -128,10 +128,13 @@ def main(argv=None):
     run = tempfile.mkdtemp(prefix="hkrack-fleet-")
     os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="hkrack-wheels-")
     load0 = os.getloadavg()
+    # a rack of its own (names, subnet): other racks on this machine are left alone
+    simrack.PREFIX, simrack.BRIDGE, simrack.NET = "hkfleet-", "hkfleet-br", "198.18.14"
+    simrack.GATEWAY, simrack.FABRIC_PEER = "198.18.14.1", "198.18.14.250"
     inv = simrack.up(a.hosts, run=run)
     rows = []
     try:
-        site = pullsite.make(run, inv)
+        site = pullsite.make(run, inv, canaries=simrack.host_names(1))
         sshd = [int(open(os.path.join(run, h, "sshd.pid")).read().split()[0]) for h in simrack.host_names(a.hosts)]
         # adopt the ssh ControlMaster processes ansible leaves behind, so their CPU is counted
         ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)      # PR_SET_CHILD_SUBREAPER

@@ -15,6 +15,7 @@ import subprocess
 
 import yaml
 
+import simrack
 from simrack import REPO
 
 SITE_FILES = ("ansible.cfg", "playbooks", "roles", "collections")
@@ -38,6 +39,11 @@ def make(run: str, inventory: str, canaries=("hkrack-n1",)) -> dict:
     os.makedirs(os.path.join(inv, "host_vars"))
     shutil.copy(inventory, os.path.join(inv, "hosts.yml"))
     shutil.copytree(os.path.join(os.path.dirname(inventory), "group_vars"), os.path.join(inv, "group_vars"))
+    rack = os.path.join(inv, "group_vars", "rack_sim1.yml")
+    doc = yaml.safe_load(open(rack))
+    doc["hkgpu_network_fabric_peers"] = [simrack.GATEWAY, simrack.FABRIC_PEER]   # this rack's subnet
+    with open(rack, "w") as f:
+        yaml.safe_dump(doc, f, sort_keys=False)
     with open(os.path.join(inv, "group_vars", "all.yml"), "w") as f:
         # node_exporter: no systemd runs here and /etc/default is this machine's, not the host's
         yaml.safe_dump({"hkgpu_pull_repo": "file://" + bare, "hkgpu_pull_inventory": "inventory/site/hosts.yml",
