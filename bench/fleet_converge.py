@@ -4,7 +4,6 @@ fork counts, and pull mode on a few of them, with wall time and CPU-seconds per 
 
     sudo python bench/fleet_converge.py --hosts 64 --forks 16,64 --pull-nodes 4 --json OUT.json
 
-The toolkit is installed once into a venv all simulated hosts share (they share a filesystem).
 The rack is tests/rack/simrack.py (a network namespace and a real sshd per host) and the playbooks
 come from a site repository (tests/rack/pullsite.py), so one push also installs the pull units.
 CPU is read, not guessed: the controller's is what ansible-playbook and its children used
@@ -101,7 +100,8 @@ def playbook(site, name, forks, expect_changed=None) -> dict:
                         os.path.join(site["work"], "playbooks", name)], capture_output=True, text=True, env=env)
     recap = RECAP.findall(r.stdout)
     if r.returncode != 0 or any(int(m[3]) or int(m[4]) for m in recap):
-        sys.exit(f"{name} failed (rc {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-2000:]}")
+        fatal = "\n".join(ln[:600] for ln in r.stdout.splitlines() if ln.startswith(("fatal:", "failed:")))
+        sys.exit(f"{name} failed (rc {r.returncode}):\n{fatal[:6000]}\n{r.stdout[-1500:]}\n{r.stderr[-2000:]}")
     changed = sum(int(m[2]) for m in recap)
     if expect_changed is not None and (changed > 0) != expect_changed:
         sys.exit(f"{name}: {changed} changed, expected {'some' if expect_changed else 'none'}")
@@ -121,6 +121,9 @@ def main(argv=None):
     ap.add_argument("--hosts", type=int, default=16)
     ap.add_argument("--forks", default="16,64", help="comma-separated fork counts")
     ap.add_argument("--pull-nodes", type=int, default=4, help="nodes that converge by pull (n1 is the canary)")
+    ap.add_argument("--subnet", type=int, default=14, help="the rack's 198.18.N.0/24 (and its names)")
+    ap.add_argument("--converge-each", action="store_true", help="roll back and converge again at each fork count")
+    ap.add_argument("--pull-only", action="store_true", help="after the first push, only the pull phases")
     ap.add_argument("--json", help="write the rows and the sums here")
     a = ap.parse_args(argv)
     if os.geteuid() != 0:
@@ -130,28 +133,23 @@ def main(argv=None):
     os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="hkrack-wheels-")
     load0 = os.getloadavg()
     # a rack of its own (names, subnet): other racks on this machine are left alone
-    simrack.PREFIX, simrack.BRIDGE, simrack.NET = "hkfleet-", "hkfleet-br", "198.18.14"
-    simrack.GATEWAY, simrack.FABRIC_PEER = "198.18.14.1", "198.18.14.250"
+    net = f"198.18.{a.subnet}"
+    simrack.PREFIX, simrack.BRIDGE, simrack.NET = f"hkf{a.subnet}-", f"hkf{a.subnet}-br", net
+    simrack.GATEWAY, simrack.FABRIC_PEER = f"{net}.1", f"{net}.250"
     inv = simrack.up(a.hosts, run=run)
     rows = []
     try:
         site = pullsite.make(run, inv, canaries=simrack.host_names(1))
-        # one toolkit venv for all the simulated hosts (they share a filesystem): the first host
-        # installs it, the others find its stamp; the bench is about the controller, not pip
-        with open(os.path.join(site["work"], "inventory", "site", "group_vars", "all.yml"), "a") as f:
-            f.write(f"hkgpu_prefix: {run}/shared/opt/hkgpu-tune\n")
-        pullsite.git(site["work"], "commit", "-qam", "one venv for the simulated hosts")
-        pullsite.git(site["work"], "push", "-q", site["bare"], "main")
         sshd = [int(open(os.path.join(run, h, "sshd.pid")).read().split()[0]) for h in simrack.host_names(a.hosts)]
         # adopt the ssh ControlMaster processes ansible leaves behind, so their CPU is counted
         ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)      # PR_SET_CHILD_SUBREAPER
         subprocess.run([sys.executable, os.path.join(REPO, "roles", "hkgpu_install", "files", "hkgpu_ship.py")],
                        check=True, capture_output=True, env={**os.environ, "PYTHONPATH": REPO})
         n = a.hosts
-        rows.append(measure("push first converge (one shared install)", n, sshd,
+        rows.append(measure("push first converge, fresh nodes (install)", n, sshd,
                             lambda: playbook(site, "site.yml", forks[0], True)))
-        for i, f in enumerate(forks):
-            if i:       # settings back at the originals, then converge again at this fork count
+        for i, f in enumerate([] if a.pull_only else forks):
+            if i and a.converge_each:   # settings back at the originals, converge again at this fork count
                 playbook(site, "rollback.yml", f)
                 rows.append(measure("push first converge", n, sshd, lambda: playbook(site, "site.yml", f, True)))
             rows.append(measure("push idempotent re-run", n, sshd, lambda: playbook(site, "site.yml", f, False)))
@@ -167,16 +165,17 @@ def main(argv=None):
     for r in rows:
         if r.get("mode") == "pull":
             r["node_cpu_s_per_host"], r["controller_cpu_s_per_host"] = r["controller_cpu_s_per_host"], 0.0
-    rerun = min((r for r in rows if r["phase"] == "push idempotent re-run"), key=lambda r: r["wall_s"])
+    reruns = [r for r in rows if r["phase"] == "push idempotent re-run"]
+    rerun = min(reruns, key=lambda r: r["wall_s"]) if reruns else None
     pull_rerun = next(r for r in rows if r["phase"] == "pull idempotent re-run")
-    sums = {
-        "rerun_controller_cpu_s_per_host": rerun["controller_cpu_s_per_host"],
-        "hosts_per_controller_core_every_15min": int(900 / rerun["controller_cpu_s_per_host"]),
-        "rerun_wall_s": rerun["wall_s"], "rerun_forks": rerun["forks"],
-        "pull_rerun_node_cpu_s": pull_rerun["node_cpu_s_per_host"],
-        "targets": {"rerun_cpu_le_0.5": rerun["controller_cpu_s_per_host"] <= 0.5,
-                    f"{a.hosts}_hosts_rerun_le_30s": rerun["wall_s"] <= 30},
-    }
+    sums = {"pull_rerun_node_cpu_s": pull_rerun["node_cpu_s_per_host"], "targets": {}}
+    if rerun:
+        sums.update({
+            "rerun_controller_cpu_s_per_host": rerun["controller_cpu_s_per_host"],
+            "hosts_per_controller_core_every_15min": int(900 / rerun["controller_cpu_s_per_host"]),
+            "rerun_wall_s": rerun["wall_s"], "rerun_forks": rerun["forks"],
+            "targets": {"rerun_cpu_le_0.5": rerun["controller_cpu_s_per_host"] <= 0.5,
+                        f"{a.hosts}_hosts_rerun_le_30s": rerun["wall_s"] <= 30}})
     meta = {"cpus": os.cpu_count(), "load_average_start": [round(x, 1) for x in load0],
             "load_average_end": [round(x, 1) for x in os.getloadavg()],
             "note": "controller and every node share this machine's CPUs with other work"}
