@@ -6,6 +6,7 @@ library's own parser, so a typo in group_vars fails here with file:line:key.
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 
@@ -89,3 +90,23 @@ def test_every_host_keeps_every_setting_of_its_profile_unless_deliberately_chang
                 if have != value:
                     bad.append(f"{host} ({base}): {section}.{key}: {have} != {value}")
     assert bad == [], "\n".join(sorted(set(bad))[:40])
+
+def test_fleet_playbook_takes_every_rack_once_in_site_order():
+    """playbooks/fleet.yml (docs/operations.md, many racks): one play per rack, sites in turn, every
+    host of the inventory in exactly one play."""
+    inv = inventory()
+    out = subprocess.run(["ansible-playbook", "-i", INV, os.path.join(REPO, "playbooks", "fleet.yml"), "--list-hosts"],
+                         capture_output=True, text=True, check=True, timeout=300,
+                         env={**os.environ, "ANSIBLE_CONFIG": os.path.join(REPO, "ansible.cfg")}).stdout
+    plays = []
+    for line in out.splitlines():
+        m = re.match(r"\s+pattern: \['(\w+)'\]$", line)
+        if m:
+            plays.append((m[1], set()))
+        elif plays and re.match(r"^      \S+$", line):
+            plays[-1][1].add(line.strip())
+    racks = [r for site in inv["all"]["children"] if site.startswith("hk_") for r in inv[site]["children"]]
+    assert [p[0] for p in plays] == racks
+    for rack, hosts in plays:
+        assert hosts == set(inv[rack]["hosts"]), rack
+    assert sum(len(h) for _, h in plays) == len(inv["_meta"]["hostvars"])
