@@ -5,7 +5,6 @@ to them, by the profile's switch or by seeing their processes; the real node_exp
 export's file with no scrape error and no duplicate."""
 from __future__ import annotations
 
-import fcntl
 import os
 import shutil
 import subprocess
@@ -212,34 +211,32 @@ def test_export_refuses_a_stray_file_with_its_series(tmp_path, replayed):
     assert (tmp_path / "hkgpu-tune.prom").exists()
 
 
-def blocked_on(directory: str) -> bool:
-    """/proc/locks shows a waiter ("->") for a flock on the directory's inode."""
-    st = os.stat(directory)
-    tag = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
-    with open("/proc/locks") as f:
-        return any("->" in ln and "FLOCK" in ln and tag in ln for ln in f)
-
-
-def test_a_second_writer_waits_for_the_first(tmp_path):
+def test_a_second_writer_waits_for_the_first(tmp_path, host_dir):
+    """Two of our writers (the timer and an operator) take turns on the lock file in the host
+    directory (no longer a flock on the textfile directory, which any reader could hold:
+    tests/hostile/test_textfile_stall.py)."""
+    from hkgpu_tune.core import lockfile
+    from hkgpu_tune.observe import export
+    from hkgpu_tune.tune.host import owned_problem
     d = tmp_path / "tf"
     d.mkdir()
-    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
-    fcntl.flock(fd, fcntl.LOCK_EX)          # the first writer, mid-way
     env = {k: v for k, v in os.environ.items() if k != "HKGPU_TUNE_PROFILE"}
-    env.update({"HKGPU_TUNE_ETC_DIR": "/nonexistent-hkgpu-etc", "PYTHONPATH": REPO})
-    p = subprocess.Popen([sys.executable, "-m", "hkgpu_tune", "export", "--textfile-dir", str(d),
-                          "--state-dir", str(tmp_path / "st")], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
-    try:
-        deadline = time.monotonic() + 60
-        while not blocked_on(str(d)):
-            assert p.poll() is None, p.communicate()
-            assert time.monotonic() < deadline, "the export never asked for the directory's lock"
-            time.sleep(0.05)
-        assert not (d / "hkgpu-tune.prom").exists()
-    finally:
-        os.close(fd)                         # the first writer is done
-    out, err = p.communicate(timeout=120)
+    env.update({"HKGPU_TUNE_ETC_DIR": "/nonexistent-hkgpu-etc", "PYTHONPATH": REPO,
+                "HKGPU_TUNE_HOST_DIR": str(host_dir)})
+    with lockfile.hold(str(host_dir / export.LOCK_FILE), "textfile lock file", "1\n", owned_problem):
+        p = subprocess.Popen([sys.executable, "-m", "hkgpu_tune", "export", "--textfile-dir", str(d),
+                              "--state-dir", str(tmp_path / "st")], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+        try:
+            end = time.monotonic() + 3
+            while time.monotonic() < end:     # held by the first writer: nothing is written
+                assert p.poll() is None, p.communicate()
+                assert not (d / "hkgpu-tune.prom").exists()
+                time.sleep(0.1)
+        except BaseException:
+            p.kill()
+            raise
+    out, err = p.communicate(timeout=120)   # the first is done: the second writes
     assert p.returncode in (0, 2), err
     assert (d / "hkgpu-tune.prom").exists()
 
