@@ -190,7 +190,7 @@ def test_tritonclient_without_grpc_extras_is_a_clear_error(tmp_path):
 
 def test_parsing_imports_no_service_code_and_plan_checks_the_schema(tmp_path):
     """Parsing a profile with a triton section imports only the section's schema (serve.services,
-    serve.config, serve.connections): no service code and no tritonclient (a wrong config field is found at plan time, with its
+    serve.config, serve.connections, serve.gate_spec): no service code and no tritonclient (a wrong config field is found at plan time, with its
     file, line and key path)."""
     f = tmp_path / "p.yaml"
     f.write_text(GOOD.replace("data_type: FP32\n          dims", "data_type: FP33\n          dims"))
@@ -198,7 +198,7 @@ def test_parsing_imports_no_service_code_and_plan_checks_the_schema(tmp_path):
             f"t = load_profile({str(f)!r}).section('triton')\n"
             "print(sorted(m for m in sys.modules if m.startswith(('hkgpu_tune.serve', 'tritonclient', 'google.protobuf'))"
         " and m not in ('hkgpu_tune.serve', 'hkgpu_tune.serve.config', 'hkgpu_tune.serve.connections',"
-        " 'hkgpu_tune.serve.devices', 'hkgpu_tune.serve.services')))")
+        " 'hkgpu_tune.serve.devices', 'hkgpu_tune.serve.gate_spec', 'hkgpu_tune.serve.services')))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
