@@ -21,7 +21,7 @@ from pullsite import git, publish, pull, unit
 from tests.helpers import missing_tool
 
 pytestmark = [pytest.mark.slow, pytest.mark.root]
-N1, N2, N3 = "hkpull-n1", "hkpull-n2", "hkpull-n3"
+N1 = N2 = N3 = ""   # the rack's host names (simrack names them after the rack number it claims)
 
 
 @pytest.fixture(scope="module")
@@ -31,14 +31,13 @@ def site(tmp_path_factory, monkeypatch_module):
         pytest.skip(why)
     run = str(tmp_path_factory.mktemp("hkpull"))
     monkeypatch_module.setenv("XDG_CACHE_HOME", str(tmp_path_factory.mktemp("cache")))
-    # a rack of its own: its own names and subnet, so other racks on this machine are left alone
-    for k, v in {"PREFIX": "hkpull-", "BRIDGE": "hkpull-br", "NET": "198.18.12", "GATEWAY": "198.18.12.1",
-                 "FABRIC_PEER": "198.18.12.250"}.items():
-        monkeypatch_module.setattr(simrack, k, v)
+    # a rack of its own (simrack claims a rack number: its names and subnet; other racks are left alone)
+    global N1, N2, N3
     inv = simrack.up(3, run=run)
     try:
+        N1, N2, N3 = simrack.host_names(3)
         s = pullsite.make(run, inv, canaries=(N1,))
-        s["hosts"] = simrack.host_names(3)
+        s["hosts"] = [N1, N2, N3]
         yield s
     finally:
         simrack.down(run, quiet=True)

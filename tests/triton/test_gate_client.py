@@ -18,9 +18,11 @@ from .conftest import DATA, dump, free_ports, needs_server, profile_dict
 pytestmark = [needs_server, pytest.mark.slow]
 
 TYPED_PY = f"{DATA}/typed.py"
-# the client-bound case's SLO: between Triton's own time per request at 512 in flight (60-115 ms seen on
-# this 2-core machine, busy or not) and one nice-19 client's p99 at that load (about 750 ms)
-SLO_MS = 300
+# the client-bound case's SLO: between Triton's own time per request at 512 in flight (11 ms on a quiet
+# 2-core machine, 60-115 ms on a busy one) and one nice-19 client's p99 at that load (290 ms quiet,
+# about 750 ms busy: 300 sat at the quiet machine's knee). Where Triton's own time is over it, the
+# test checks that the server is failed for that reason instead (xfail, below).
+SLO_MS = 150
 
 
 def typed_profile(root, **kw) -> str:
