@@ -37,7 +37,8 @@ def test_connections_default_is_the_librarys():
 
 
 def render_unit(item, **over):
-    v = {**defaults(), "ansible_managed": "Ansible managed", "item": item, **over}
+    # Ansible's own variables that role defaults may name (hkgpu_pull_name: the host's name)
+    v = {**defaults(), "ansible_managed": "Ansible managed", "inventory_hostname": "gpu-node-1", "item": item, **over}
     env = jinja2.Environment(undefined=jinja2.StrictUndefined)
     env.filters.update(role_filters())
     for _ in range(3):
