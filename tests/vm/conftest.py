@@ -57,7 +57,7 @@ def vm(tmp_path_factory):
     try:
         with Stage("boot to SSH"):
             m.start()
-            m.wait_ssh()
+            m.wait_ssh(900)   # a loaded 2-core host: another TCG guest may share it
         yield m
     finally:
         with Stage("shutdown and clean-up"):

@@ -6,12 +6,16 @@ test's own) and runs hkgpu.tune.site with an inventory naming only the host and 
 (become from the collection's default). Then, read on the node with its own tools: `hkgpu-tune
 verify` on PATH, the verify timer's run, the textfile in Debian's textfile directory, Prometheus
 scraping the hkgpu_tune_* series; a second converge by `hkgpu-tune rack` changes and installs
-nothing; rollback through the playbook restores each sysctl's original (sysctl -n).
+nothing; Prometheus configured by hkgpu.tune.monitoring on the same node (its Prometheus host)
+fires the drift alert after a sysctl is changed by hand, and Debian's Alertmanager has it in its
+API; rollback through the playbook restores each sysctl's original (sysctl -n).
 Timings: docs/perf/dayone-vm-2026-12-06.json (printed as the stages of the run)."""
 from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import subprocess
 import sys
 import time
@@ -31,6 +35,36 @@ SETTINGS = {"net.ipv4.tcp_keepalive_time": 60, "net.ipv4.tcp_keepalive_intvl": 1
             "net.ipv4.tcp_mtu_probing": 1}
 TEXTFILE = "/var/lib/prometheus/node-exporter/hkgpu-tune.prom"
 PROM_QUERY = "http://127.0.0.1:9090/api/v1/query?query="
+SCRAPE_S = 5        # hkgpu_monitoring_scrape_interval and _evaluation_interval in the inventory
+DRIFT = ("net.ipv4.tcp_keepalive_time", 7200)   # the value a hand on the node sets
+# run in the guest (its own clock, no SSH round trip per poll): change the sysctl by hand, then the
+# seconds until the export has the drift, Prometheus has the alert pending and firing, and
+# Alertmanager's API has it
+DRIFT_WATCH = r"""
+import json, re, subprocess, sys, time, urllib.parse, urllib.request
+def get(u):
+    return json.load(urllib.request.urlopen(u, timeout=10))
+def alerts(state):
+    q = 'ALERTS{alertname="HkgpuDriftPresent",alertstate="%s"}' % state
+    return get("http://127.0.0.1:9090/api/v1/query?query=" + urllib.parse.quote(q))["data"]["result"]
+t0 = time.monotonic()
+subprocess.run(["sysctl", "-w", sys.argv[1]], check=True, stdout=subprocess.DEVNULL)
+r = {}
+while time.monotonic() - t0 < float(sys.argv[3]) and "alertmanager" not in r:
+    now = round(time.monotonic() - t0, 1)
+    if "export" not in r:
+        m = re.search(r"^hkgpu_tune_failures(?:\{[^}]*\})? (\S+)$", open(sys.argv[2]).read(), re.M)
+        if m and float(m.group(1)) > 0:
+            r["export"] = now
+    for st in ("pending", "firing"):
+        if st not in r and alerts(st):
+            r[st] = now
+    am = [a for a in get("http://127.0.0.1:9093/api/v2/alerts") if a["labels"].get("alertname") == "HkgpuDriftPresent"]
+    if am:
+        r["alertmanager"], r["labels"] = now, am[0]["labels"]
+    time.sleep(1)
+print(json.dumps(r))
+"""
 
 
 def sysctls(vm) -> dict:
@@ -69,10 +103,18 @@ def day1(vm, tmp_path_factory, wheel_dir):
             "ansible_ssh_common_args": "-o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o ControlMaster=no"}
     # only the host and its settings (the profile), plus what this test bed needs: a wheelhouse
     # (the guest has no package index) and short timer intervals
-    inv = {"all": {"hosts": {"hkvm": host}, "vars": {
+    # the node is its own Prometheus host (group prometheus: hkgpu.tune.monitoring), in rack vm
+    inv = {"all": {"hosts": {"hkvm": host}, "children": {
+        "rack_vm": {"hosts": {"hkvm": None}}, "prometheus": {"hosts": {"hkvm": None}}}, "vars": {
         "hkgpu_network_sysctl": SETTINGS,
         "hkgpu_install_wheelhouse": os.path.join(vm.dir, "wheelhouse"),
         "hkgpu_verify_boot_delay": "20s", "hkgpu_verify_interval": "30s",
+        # short scrapes; Debian's packages are in the image already (the guest has no package
+        # index, and Ansible's apt module would want python3-apt, which the image lacks): the role
+        # configures Prometheus and leaves Debian's Alertmanager as Debian ships it
+        "hkgpu_monitoring_scrape_interval": f"{SCRAPE_S}s", "hkgpu_monitoring_evaluation_interval": f"{SCRAPE_S}s",
+        "hkgpu_monitoring_install": False, "hkgpu_monitoring_alertmanager_install": False,
+        "hkgpu_monitoring_triton": False,
         "ansible_timeout": 60}}}   # software emulation: sudo's first answer can take over Ansible's 10 s
     (d / "inventory.yml").write_text(yaml.safe_dump(inv))
     return {"dir": d, "env": env, "inventory": str(d / "inventory.yml"), "originals": sysctls(vm)}
@@ -139,6 +181,43 @@ def test_a_second_converge_by_the_other_entry_point_changes_and_installs_nothing
     doc = json.loads(r.stdout)
     assert r.returncode == 0 and doc["hosts"]["hkvm"]["changed"] == 0, r.stdout[-4000:] + r.stderr[-2000:]
     assert vm.ssh("ls /opt/hkgpu-tune/.installed-* && stat -c %Y /opt/hkgpu-tune/wheels", check=True).stdout == stamp
+
+
+def rule_for_s(alert: str) -> float:
+    """The alert's `for` in the shipped rules (what the role copies to the Prometheus host), in seconds."""
+    rules = yaml.safe_load(open(os.path.join(REPO, "roles", "hkgpu_monitoring", "files", "rules", "hkgpu-node.yml")))
+    rule = next(r for g in rules["groups"] for r in g["rules"] if r.get("alert") == alert)
+    n, unit = re.fullmatch(r"(\d+)([smh])", rule["for"]).groups()
+    return int(n) * {"s": 1, "m": 60, "h": 3600}[unit]
+
+
+def test_drift_by_hand_fires_the_alert_and_alertmanager_has_it(vm, day1, stage):
+    with stage("day one: ansible-playbook hkgpu.tune.monitoring (the node as its Prometheus host)"):
+        r, TIMINGS["monitoring_s"] = playbook(day1, "monitoring")
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    # the role's config is loaded: the node's series under its job and labels, no drift yet
+    q = PROM_QUERY + 'hkgpu_tune_failures%7Bjob%3D%22node%22%2Cnode%3D%22hkvm%22%2Crack%3D%22rack_vm%22%7D'
+    wait("the role's scrape of the node", lambda: '"value":[' in guest_get(vm, q).replace(" ", ""), 300)
+    assert '"0"]' in guest_get(vm, q).replace(" ", "")
+    # and Prometheus sends its alerts to the Alertmanager of the inventory
+    wait("Prometheus's Alertmanager", lambda: "127.0.0.1:9093/api/v2/alerts" in guest_get(
+        vm, "http://127.0.0.1:9090/api/v1/alertmanagers"), 120)
+    for_s = rule_for_s("HkgpuDriftPresent")
+    # the bound, from the moment the export carries the drift: the rule's `for`, two scrape
+    # intervals (the scrape that sees it, the evaluation that fires it), plus 30 s for the
+    # emulated guest (TCG on 2 shared cores: Prometheus's scrape and evaluation loops run late)
+    bound = for_s + 2 * SCRAPE_S + 30
+    limit = 30 + 300 + bound          # the timer (30 s) and one verify run under emulation first
+    with stage("day one: drift by hand to the alert in Alertmanager"):
+        p = vm.ssh(f"python3 -c {shlex.quote(DRIFT_WATCH)} {DRIFT[0]}={DRIFT[1]} {TEXTFILE} {limit}",
+                   timeout=limit + 120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    got = json.loads(p.stdout.splitlines()[-1])
+    TIMINGS["drift"] = {k: v for k, v in got.items() if k != "labels"} | {"rule_for_s": for_s, "scrape_s": SCRAPE_S}
+    print("DRIFT " + json.dumps(got))
+    assert "export" in got and "alertmanager" in got, got
+    assert got["labels"]["node"] == "hkvm" and got["labels"]["rack"] == "rack_vm", got
+    assert for_s <= got["alertmanager"] - got["export"] <= bound, got
 
 
 def test_rollback_through_the_playbook_restores_every_original(vm, day1, stage):
