@@ -84,13 +84,21 @@ def run(host: str, port: int, model: str, inputs: list[tuple[str, str, list[int]
     one-second warm-up; latency from send to the whole answer read."""
     processes = max(1, min(processes, concurrency))
     body, head_len = body_for(inputs)
+    return fan_out("plain", _process, (host, port, model, body, head_len), model, inputs, concurrency, processes,
+                   duration_s, start_s=1.0)
+
+
+def fan_out(client: str, target, args: tuple, model: str, inputs, concurrency: int, processes: int,
+            duration_s: float, start_s: float) -> dict:
+    """Run target(*args, threads, t_start, t_end, queue) in `processes` forked processes sharing
+    `concurrency` threads, all starting at one moment after start-up; gather their latencies into
+    the summary both plain clients print (HTTP here, gRPC in plain_grpc)."""
     ctx = multiprocessing.get_context("fork")
     q = ctx.Queue()
-    t_start = time.time() + 1.0 + 0.05 * processes + 1.0
+    t_start = time.time() + start_s + 0.05 * processes + 1.0
     t_end = t_start + duration_s
     shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
-    procs = [ctx.Process(target=_process, args=(host, port, model, body, head_len, n, t_start, t_end, q), daemon=True)
-             for n in shares]
+    procs = [ctx.Process(target=target, args=(*args, n, t_start, t_end, q), daemon=True) for n in shares]
     for p in procs:
         p.start()
     parts = [q.get(timeout=duration_s + 120) for _ in procs]
@@ -100,7 +108,7 @@ def run(host: str, port: int, model: str, inputs: list[tuple[str, str, list[int]
 
     def pct(p):
         return round(lat[max(1, math.ceil(len(lat) * p / 100)) - 1], 3) if lat else 0.0
-    return {"client": "plain", "model": model, "concurrency": concurrency, "processes": processes,
+    return {"client": client, "model": model, "concurrency": concurrency, "processes": processes,
             "duration_s": duration_s, "requests": len(lat), "errors": sum(r["errors"] for r in parts),
             "first_error": next((r["first_error"] for r in parts if r["first_error"]), ""),
             "img_s": round(len(lat) * inputs[0][2][0] / duration_s, 1), "p50_ms": pct(50), "p99_ms": pct(99),

@@ -8,11 +8,10 @@ and calls the stub itself), so the two can be checked against each other at the 
 """
 from __future__ import annotations
 
-import math
-import multiprocessing
-import os
 import threading
 import time
+
+from hkgpu_tune.serve.plain import fan_out
 
 NUMPY = {"BOOL": "bool", "UINT8": "uint8", "INT8": "int8", "UINT16": "uint16", "INT16": "int16", "FP16": "float16",
          "UINT32": "uint32", "INT32": "int32", "FP32": "float32", "UINT64": "uint64", "INT64": "int64",
@@ -68,25 +67,5 @@ def run(host: str, port: int, model: str, inputs: list[tuple[str, str, list[int]
     figures as plain.run."""
     processes = max(1, min(processes, concurrency))
     url = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    ctx = multiprocessing.get_context("fork")
-    q = ctx.Queue()
-    t_start = time.time() + 1.5 + 0.05 * processes + 1.0
-    t_end = t_start + duration_s
-    shares = [concurrency // processes + (i < concurrency % processes) for i in range(processes)]
-    procs = [ctx.Process(target=_process, args=(url, model, inputs, n, t_start, t_end, q), daemon=True)
-             for n in shares]
-    for p in procs:
-        p.start()
-    parts = [q.get(timeout=duration_s + 120) for _ in procs]
-    for p in procs:
-        p.join(5)
-    lat = sorted(x for r in parts for x in r["lat"])
-
-    def pct(p):
-        return round(lat[max(1, math.ceil(len(lat) * p / 100)) - 1], 3) if lat else 0.0
-    return {"client": "plain-grpc", "model": model, "concurrency": concurrency, "processes": processes,
-            "duration_s": duration_s, "requests": len(lat), "errors": sum(r["errors"] for r in parts),
-            "first_error": next((r["first_error"] for r in parts if r["first_error"]), ""),
-            "img_s": round(len(lat) * inputs[0][2][0] / duration_s, 1), "p50_ms": pct(50), "p99_ms": pct(99),
-            "max_ms": round(lat[-1], 3) if lat else 0.0,
-            "client_cpu_cores": round(sum(r["cpu_s"] for r in parts) / (duration_s + 1.0), 2), "cpus": os.cpu_count()}
+    return fan_out("plain-grpc", _process, (url, model, inputs), model, inputs, concurrency, processes, duration_s,
+                   start_s=1.5)
