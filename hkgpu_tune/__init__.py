@@ -15,6 +15,32 @@ _LAZY = {"__version__": "hkgpu_tune.core.version",
          "Result": "hkgpu_tune.core.report"}
 
 
+def _profile_sections() -> None:
+    """The profile's section table (core/sections.py), filled from the modules that own each
+    section: every registered subsystem's SPEC, then the sections no subsystem applies."""
+    from hkgpu_tune import subsystems
+    from hkgpu_tune.baseline import settings as baseline
+    from hkgpu_tune.core import sections
+    from hkgpu_tune.observe import health_config
+    from hkgpu_tune.observe.collect import exporters
+    for spec in subsystems.specs():
+        for name, parse in spec.sections.items():
+            sections.register(name, parse, f"subsystem {spec.name}")
+        for needs, check in spec.checks:
+            sections.register_check(needs, check)
+    sections.register("health", health_config.parse_profile, "observe.health_config")
+    sections.register("export", exporters.parse_profile, "observe.collect.exporters")
+    sections.register("baseline", baseline.parse_profile, "baseline.settings")
+
+
+def _install() -> None:
+    from hkgpu_tune.core import sections
+    sections.add_loader(_profile_sections)
+
+
+_install()
+
+
 def __getattr__(name):
     if name in _LAZY:
         import importlib

@@ -29,8 +29,6 @@ def _full_parser() -> argparse.ArgumentParser:
     return parser([])   # no command named: every group is added
 
 
-SUBSYSTEMS = ("sysctl", "link", "ethtool", "qdisc", "firewall", "rdma", "gpu", "mig", "mps", "affinity", "triton",
-              "persist")
 # options that take a file or a directory, by dest (the rest of the options take words)
 FILES = {"prometheus", "junit", "png", "out", "output", "inventory", "model_file", "before", "after",
          "snapshot", "snapshots", "file", "files", "path"}
@@ -40,7 +38,8 @@ DIRS = {"state_dir", "textfile_dir", "root", "dir", "model_repository", "run_dir
 def _completers(shipped: list[str]) -> tuple[dict, dict, dict]:
     """(profile, only, preamble): shtab's per-shell completion of --profile and --only."""
     names = " ".join(shipped)
-    subs = " ".join(SUBSYSTEMS)
+    from hkgpu_tune import subsystems
+    subs = " ".join([*subsystems.ORDER, "persist"])   # --only: the registered subsystems and persist's files
     bash = (f"_shtab_hkgpu_tune_profile_file() {{ compgen -f -- \"$1\"; compgen -W \"{names}\" -- \"$1\"; }}\n"
             "_shtab_hkgpu_tune_only() {\n"
             "  local cur=\"$1\" pre=\"\"\n"

@@ -16,10 +16,6 @@ import os
 
 from hkgpu_tune.core.errors import TargetGone
 
-# subsystems whose settings belong to one network namespace (sysctl: the net.* keys)
-NETNS_SUBSYSTEMS = ("link", "ethtool", "qdisc")
-
-
 def machine_id() -> str:
     for p in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
         try:
@@ -73,14 +69,11 @@ def here() -> dict:
     return {"host": machine_id(), "netns": netns(), "netns_id": netns_id(), "init": initial_netns()}
 
 
-def _netns_scoped(c) -> bool:
-    return c.subsystem in NETNS_SUBSYSTEMS or (c.subsystem == "sysctl" and str(c.key).startswith("net."))
-
-
-def scope(c, now: dict | None = None) -> dict:
-    """The place of change c: host always, netns for a per-namespace setting."""
+def scope(c, per_netns: bool, now: dict | None = None) -> dict:
+    """The place of change c: host always, netns for a per-namespace setting (which settings are
+    is each subsystem's to say: its SPEC.netns)."""
     now = now or here()
-    if not _netns_scoped(c):
+    if not per_netns:
         return {"host": now["host"]}
     w = {"host": now["host"], "netns": now["netns"], "init": bool(now.get("init"))}
     if now.get("netns_id"):
@@ -88,12 +81,13 @@ def scope(c, now: dict | None = None) -> dict:
     return w
 
 
-def stamp(changes, now: dict | None = None) -> None:
-    """Record the place of each change (not the files of --persist: those name their own path)."""
+def stamp(changes, per_netns, now: dict | None = None) -> None:
+    """Record the place of each change (not the files of --persist: those name their own path);
+    per_netns(c): whether c's setting lives in one network namespace."""
     now = now or here()
     for c in changes:
         if c.subsystem != "persist" and isinstance(c.data, dict):
-            c.data["where"] = scope(c, now)
+            c.data["where"] = scope(c, per_netns(c), now)
 
 
 def device(data) -> str:

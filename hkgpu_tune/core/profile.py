@@ -6,16 +6,16 @@
 """
 from __future__ import annotations
 
-import importlib
 import os
 import re
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
+from hkgpu_tune.core import sections
 from hkgpu_tune.core.errors import ProfileError
 from hkgpu_tune.core.yamlnode import (MAX_BYTES, Node, _BAD_CHAR, _Loader, check_tree)
 
@@ -400,30 +400,8 @@ def parse_sysctl(n: Node) -> list[SysctlSetting]:
 
 
 # ---------------------------------------------------------------- the profile
-# section name -> "module:function" returning the typed section; modules of other
-# subsystems own their section's schema.
-SECTIONS: dict[str, str] = {
-    "network": "hkgpu_tune.core.profile:parse_network",
-    "sysctl": "hkgpu_tune.core.profile:parse_sysctl",
-    "gpu": "hkgpu_tune.subsystems.gpu:parse_profile",
-    "mps": "hkgpu_tune.subsystems.mps:parse_profile",
-    "affinity": "hkgpu_tune.subsystems.affinity:parse_profile",
-    "triton": "hkgpu_tune.serve.services:parse_profile",
-    "health": "hkgpu_tune.observe.health_config:parse_profile",
-    "export": "hkgpu_tune.observe.collect.exporters:parse_profile",
-    "baseline": "hkgpu_tune.baseline.settings:parse_profile",
-    "tcp_buffers": "hkgpu_tune.subsystems.sysctl:parse_tcp_buffers",
-}
-
-
-# checks across sections once all are parsed: (sections that must be there, "module:function(profile)")
-CROSS_CHECKS = [(("gpu",), "hkgpu_tune.serve.devices:check_layout")]   # MIG positions against gpu.mig
-
-
-def _parser(name: str) -> Callable[[Node], Any]:
-    """The section's parser, imported only when the profile has that section."""
-    mod, func = SECTIONS[name].split(":")
-    return getattr(importlib.import_module(mod), func)
+# the sections come from core/sections.py: each registered by the module that owns it (network
+# and sysctl above by subsystems/link.py and subsystems/sysctl.py)
 
 
 @dataclass
@@ -470,19 +448,19 @@ def parse_profile_text(text: str, file: str = "<profile>") -> Profile:
         raise ProfileError(f"{file}:1: the profile is empty")
     check_tree(root, file)
     top = Node(root, file, "")
-    m = top.mapping(sorted(set(SECTIONS) | {"name", "description"}))
+    table = sections.table()
+    m = top.mapping(sorted(set(table) | {"name", "description"}))
     prof = Profile(path=file, text=text)
     if "name" in m:
         prof.name = m["name"].string(r"[A-Za-z0-9_.@+-]{1,64}", "a name (letters, digits, '_.@+-', at most 64)")
     if "description" in m:
         prof.description = m["description"].string()
     for key, node in m.items():
-        if key in SECTIONS and not node.is_null():
-            prof.sections[key] = _parser(key)(node)
-    for need, ref in CROSS_CHECKS:
+        if key in table and not node.is_null():
+            prof.sections[key] = table[key](node)
+    for need, check in sections.checks():
         if all(k in prof.sections for k in need):
-            mod, func = ref.split(":")
-            getattr(importlib.import_module(mod), func)(prof)
+            check(prof)
     return prof
 
 

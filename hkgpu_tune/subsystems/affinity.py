@@ -27,7 +27,9 @@ from hkgpu_tune.core.errors import ApplyError, HkError, UnsupportedError
 from hkgpu_tune.core.match import matches
 from hkgpu_tune.core.profile import IFNAME_RE, MAC_RE, PCI_RE, Match
 from hkgpu_tune.core.report import DRIFT, OK, UNSUPPORTED
-from hkgpu_tune.subsystems.base import Subsystem
+from hkgpu_tune.core import fields
+from hkgpu_tune.core.fields import SettingType
+from hkgpu_tune.subsystems.base import Spec, Subsystem
 from hkgpu_tune.backends.topology import _node_of, format_cpulist, irq_affinity, irq_names, nics, numa_nodes, online_cpus, parse_cpulist, service_placement, set_irq_affinity, unit_lines
 
 IRQBALANCE_FILES = ("/etc/default/irqbalance", "/etc/sysconfig/irqbalance")
@@ -283,3 +285,28 @@ class Plugin(Subsystem):
             self.write(change.target, change.key, change.data.get("old"), change.data)
         else:
             super().restore(change)
+
+
+# ---------------------------------------------------------------- the setting types (state.json)
+def _check_irq(c) -> None:
+    fields.text(c.target, "target", maxlen=256)
+    d = c.data
+    if c.key == "smp_affinity_list":
+        fields.integer(d.get("irq"), "data.irq", 0, 1 << 20)
+        for k, v in (("original", c.current), ("desired", c.desired)):
+            if not (isinstance(v, str) and re.fullmatch(r"[0-9,-]{1,8192}", v)):
+                fields.fail(f"{k}: {v!r} is not a CPU list")
+    elif c.key == "banned_irqs":
+        fields.one_of(d.get("file"), "data.file", IRQBALANCE_FILES)
+        fields.text(d.get("old"), "data.old", lines=True, maxlen=1 << 20, none=True)
+        fields.boolean(d.get("running"), "data.running", none=True)
+        if not isinstance(c.current, list) or not all(isinstance(i, int) and not isinstance(i, bool)
+                                                      for i in c.current):
+            fields.fail("original: expected a list of interrupt numbers")
+        fields.text(c.desired, "desired", lines=True, maxlen=1 << 20, none=True)
+    else:
+        fields.fail(f"key: {c.key!r} is not an affinity setting")
+
+
+SPEC = Spec(name="affinity", order=100, section="affinity", plugin=Plugin, persist="boot",
+            sections={"affinity": parse_profile}, types=(SettingType("affinity.irq", "affinity", _check_irq),))

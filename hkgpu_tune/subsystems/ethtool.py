@@ -10,10 +10,15 @@ link's speed against the speed the profile expects.
 """
 from __future__ import annotations
 
+import re
+
 from hkgpu_tune.core.errors import HkError, UnsupportedError
 from hkgpu_tune.core.report import DRIFT, ERROR, OK, UNSUPPORTED
+from hkgpu_tune.core.profile import COALESCE, PAUSE
 from hkgpu_tune.core.match import could_match, find, identity, matched, resolve
-from hkgpu_tune.subsystems.base import Subsystem
+from hkgpu_tune.core import fields
+from hkgpu_tune.core.fields import SettingType
+from hkgpu_tune.subsystems.base import Spec, Subsystem
 
 
 # what each profile attribute needs read, by backend call
@@ -225,3 +230,57 @@ class Plugin(Subsystem):
         orig = change.data.get("orig")
         value = orig if change.data.get("part") == "offloads" and orig else change.current
         self.write(change.target, change.key, value, change.data)
+
+
+# ---------------------------------------------------------------- the setting types (state.json)
+_CHANNELS = ("rx", "tx", "other", "combined")
+
+
+def _check_part(part: str):
+    def check(c) -> None:
+        fields.identity(c.data)
+        fields.ifname(c.target)
+        fields.one_of(c.data.get("part"), "data.part", (part,))
+        field = c.data.get("field")
+        if part == "channels":
+            fields.one_of(field, "data.field", _CHANNELS)
+        elif part in ("coalesce", "pause"):
+            fields.one_of(field, "data.field", tuple(COALESCE if part == "coalesce" else PAUSE))
+            for k, v in (("original", c.current), ("desired", c.desired)):
+                if field.startswith("adaptive") or part == "pause":
+                    fields.boolean(v, k)
+                else:
+                    fields.integer(v, k, 0, 1 << 20)
+            return
+        else:
+            fields.text(field, "data.field", maxlen=64)
+            if not re.fullmatch(r"[a-z0-9_-]{1,64}", field):
+                fields.fail(f"data.field: {field!r} is not an ethtool name")
+        if part == "offloads":
+            for k, v in (("original", c.current), ("desired", c.desired)):
+                if isinstance(v, dict):   # several kernel features behind one offload
+                    for f, on in v.items():
+                        if not re.fullmatch(r"[a-z0-9_-]{1,64}", f):
+                            fields.fail(f"{k}: {f!r} is not a kernel feature name")
+                        fields.boolean(on, f"{k}.{f}", none=True)
+                else:
+                    fields.boolean(v, k)
+        else:
+            fields.integer(c.current, "original", 0, 1 << 24)
+            fields.integer(c.desired, "desired", 0, 1 << 24)
+    return check
+
+
+_TYPES = {"channels": "ethtool.channels", "rings": "ethtool.rings", "offloads": "ethtool.offload",
+          "coalesce": "ethtool.coalesce", "pause": "ethtool.pause"}
+
+
+def _kind(c) -> str:
+    part = c.data.get("part") if isinstance(c.data, dict) else None
+    if part not in _TYPES:
+        fields.fail(f"data.part: {part!r} is not channels, rings, offloads, coalesce or pause")
+    return _TYPES[part]
+
+
+SPEC = Spec(name="ethtool", order=30, section="network", plugin=Plugin, persist="boot", netns=True, kind_of=_kind,
+            types=tuple(SettingType(t, "ethtool", _check_part(part)) for part, t in _TYPES.items()))

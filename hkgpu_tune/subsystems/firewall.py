@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from hkgpu_tune.core.errors import HkError
-from hkgpu_tune.subsystems.base import Subsystem
+from hkgpu_tune.subsystems.base import Spec, Subsystem
 
 TRITON_PORTS = (8000, 8001, 8002)
 VERDICTS = ("accept", "drop", "reject", "jump", "goto", "return", "queue")
@@ -129,3 +129,6 @@ class Plugin(Subsystem):
         except ValueError:
             return {"error": f"nf_conntrack_count {cnt!r}, nf_conntrack_max {mx!r}: not numbers"}
         return {"count": c, "max": m, "used": c / m if m else None}
+
+
+SPEC = Spec(name="firewall", order=50, section="network", plugin=Plugin, persist="none")

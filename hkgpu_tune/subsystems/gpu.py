@@ -21,7 +21,9 @@ from dataclasses import dataclass
 
 from hkgpu_tune.core.errors import ApplyError, HkError, TargetGone, UnsupportedError
 from hkgpu_tune.core.report import DRIFT, ERROR, OK, UNSUPPORTED
-from hkgpu_tune.subsystems.base import Subsystem
+from hkgpu_tune.core import fields
+from hkgpu_tune.core.fields import SettingType
+from hkgpu_tune.subsystems.base import Spec, Subsystem
 
 PERSISTENCED = "nvidia-persistenced"
 PERSISTENCED_UNIT = "nvidia-persistenced.service"
@@ -333,3 +335,33 @@ class Plugin(Subsystem):
         if key == "application_clocks":
             return {k: (got or {}).get(k) for k in ("sm", "mem")}
         return got
+
+
+# ---------------------------------------------------------------- the setting types (state.json)
+_GPU_KEYS = ("persistence", "compute_mode", "application_clocks", "power_limit_w")
+
+
+def _check_attr(c) -> None:
+    fields.text(c.target, "target", maxlen=64)
+    fields.one_of(c.key, "key", _GPU_KEYS)
+    fields.integer(c.data.get("index"), "data.index", 0, 1023)
+    fields.text(c.data.get("uuid"), "data.uuid", maxlen=96, none=True)
+    fields.one_of(c.data.get("how"), "data.how", (None, "service", "nvml"))
+    for k, v in (("original", c.current), ("desired", c.desired)):
+        if c.key == "persistence":
+            fields.boolean(v, k, none=True)
+        elif c.key == "compute_mode":
+            if v is not None and not (isinstance(v, str) and re.fullmatch(r"[a-z_]{1,32}", v)):
+                fields.fail(f"{k}: {v!r} is not a compute mode")
+        elif c.key == "application_clocks":
+            if v is not None:
+                if not isinstance(v, dict) or set(v) - {"sm", "mem"}:
+                    fields.fail(f"{k}: expected {{sm, mem}}")
+                for f in ("sm", "mem"):
+                    fields.integer(v.get(f), f"{k}.{f}", 0, 100000, none=True)
+        else:
+            fields.number(v, k, 0, 100000, none=True)
+
+
+SPEC = Spec(name="gpu", order=70, section="gpu", plugin=Plugin, persist="boot", sections={"gpu": parse_profile},
+            types=(SettingType("gpu.attr", "gpu", _check_attr),))

@@ -6,11 +6,15 @@ network namespace), never by ifindex; a route's original is saved whole and put 
 from __future__ import annotations
 
 import ipaddress
+import re
 
 from hkgpu_tune.core.errors import ApplyError, HkError
+from hkgpu_tune.core.profile import parse_network
 from hkgpu_tune.core.match import could_match, find, identity, matched, matches, resolve  # noqa: F401 - matches/matched: one import site
 from hkgpu_tune.core.report import DRIFT, ERROR, OK, UNSUPPORTED
-from hkgpu_tune.subsystems.base import Subsystem
+from hkgpu_tune.core import fields
+from hkgpu_tune.core.fields import SettingType
+from hkgpu_tune.subsystems.base import Spec, Subsystem
 
 # a don't-fragment ping of MTU - header bytes fills the MTU: IPv4 20 + ICMP 8, IPv6 40 + ICMPv6 8
 HEADER = {4: 28, 6: 48}
@@ -231,3 +235,55 @@ class Plugin(Subsystem):
             res.append(self.result(ln["name"], f"path mtu to {addr}", size if ok else "fails", size,
                                    OK if ok else DRIFT, label))
         return res
+
+
+# ---------------------------------------------------------------- the setting types (state.json)
+def _check_mtu(c) -> None:
+    fields.identity(c.data)
+    fields.ifname(c.target)
+    fields.one_of(c.key, "key", ("mtu",))
+    fields.integer(c.current, "original", 68, 65535)
+    fields.integer(c.desired, "desired", 68, 65535)
+    fields.integer(c.data.get("index"), "data.index", 1, 2**31 - 1, none=True)
+
+
+def _check_route(c) -> None:
+    fields.identity(c.data)
+    if not c.target.startswith("route "):
+        fields.fail(f"target: {c.target!r}, expected 'route PREFIX'")
+    try:
+        ipaddress.ip_network(c.target[6:], strict=False)
+    except ValueError:
+        fields.fail(f"target: {c.target[6:]!r} is not an IP prefix")
+    fields.one_of(c.key, "key", ("mtu",))
+    fields.integer(c.current, "original", 68, 65535, none=True)
+    fields.integer(c.desired, "desired", 68, 65535, none=True)
+    d = c.data
+    for k in ("via", "gateway"):
+        fields.ip(d.get(k), f"data.{k}")
+    if d.get("dev") is not None:
+        fields.ifname(d["dev"], "data.dev")
+    fields.boolean(d.get("existed"), "data.existed", none=True)
+    for part in ("orig", "want"):
+        r = d.get(part)
+        if r is None:
+            continue
+        if not isinstance(r, dict):
+            fields.fail(f"data.{part}: expected a route")
+        fields.ip(r.get("gateway"), f"data.{part}.gateway")
+        if r.get("dev") is not None:
+            fields.ifname(r["dev"], f"data.{part}.dev")
+        fields.integer(r.get("mtu"), f"data.{part}.mtu", 68, 65535, none=True)
+        for k in ("oif", "priority", "table", "proto", "scope", "type", "family"):
+            fields.integer(r.get(k), f"data.{part}.{k}", 0, 2**32 - 1, none=True)
+        if r.get("dst") is not None and r["dst"] != c.target[6:]:
+            fields.fail(f"data.{part}.dst: {r['dst']!r} is not the entry's prefix {c.target[6:]}")
+
+
+def _kind(c) -> str:
+    return "link.route" if str(c.target).startswith("route ") else "link.mtu"
+
+
+SPEC = Spec(name="link", order=20, section="network", plugin=Plugin, persist="network manager", netns=True,
+            sections={"network": parse_network}, kind_of=_kind,
+            types=(SettingType("link.mtu", "link", _check_mtu), SettingType("link.route", "link", _check_route)))

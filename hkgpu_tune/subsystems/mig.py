@@ -16,10 +16,14 @@ Per GPU two settings, applied in this order and rolled back in the reverse one:
 """
 from __future__ import annotations
 
+import re
+
 from hkgpu_tune.backends.mig import IN_USE, RESET_REQUIRED, SUCCESS
 from hkgpu_tune.core.errors import ApplyError, HkError, TargetGone, UnsupportedError
 from hkgpu_tune.core.report import DRIFT, ERROR, OK, UNSUPPORTED
-from hkgpu_tune.subsystems.base import Subsystem
+from hkgpu_tune.core import fields
+from hkgpu_tune.core.fields import SettingType
+from hkgpu_tune.subsystems.base import Spec, Subsystem
 from hkgpu_tune.subsystems.gpu import MigEntry
 
 def check_layout(want: dict[str, int], profiles: list[dict], model: str) -> str:
@@ -175,3 +179,29 @@ class Plugin(Subsystem):
                 raise ApplyError(f"{target}: made {cur}, wanted {dict(value)}")
         else:
             raise HkError(f"mig: cannot write {key}")
+
+
+# ---------------------------------------------------------------- the setting types (state.json)
+_MIG_NAME = re.compile(r"[1-8]g\.[0-9]{1,4}gb(\+[a-z]{1,8})*")
+
+
+def _check_layout(c) -> None:
+    if not re.fullmatch(r"gpu[0-9]{1,4}", c.target):
+        fields.fail(f"target: {c.target!r} is not gpuN")
+    fields.one_of(c.key, "key", ("mig_mode", "mig_devices"))
+    fields.integer(c.data.get("index"), "data.index", 0, 1023)
+    fields.text(c.data.get("uuid"), "data.uuid", maxlen=96, none=True)
+    for k, v in (("original", c.current), ("desired", c.desired)):
+        if c.key == "mig_mode":
+            fields.boolean(v, k)
+        elif not isinstance(v, dict) or len(v) > 16:
+            fields.fail(f"{k}: expected {{profile name: count}}")
+        else:
+            for name, n in v.items():
+                if not _MIG_NAME.fullmatch(name):
+                    fields.fail(f"{k}: {name!r} is not a MIG profile name")
+                fields.integer(n, f"{k}.{name}", 1, 8)
+
+
+SPEC = Spec(name="mig", order=80, section="gpu", plugin=Plugin, persist="boot",
+            types=(SettingType("mig.layout", "mig", _check_layout),))

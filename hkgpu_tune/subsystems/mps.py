@@ -33,7 +33,9 @@ from hkgpu_tune.core import unitfile
 from hkgpu_tune.backends.mps import CONTROL, SAFE_DIR_ROOTS, dir_state, ensure_dir, mps_env, safe_root, set_dir_mode
 from hkgpu_tune.core.errors import HkError, UnsupportedError
 from hkgpu_tune.core.report import DRIFT, ERROR, OK, UNSUPPORTED
-from hkgpu_tune.subsystems.base import Subsystem
+from hkgpu_tune.core import fields
+from hkgpu_tune.core.fields import SettingType
+from hkgpu_tune.subsystems.base import Spec, Subsystem
 from hkgpu_tune.subsystems.gpu import parse_gpus, select
 
 SIZE_RE = r"[0-9]{1,6}[KMGT]?"
@@ -506,3 +508,49 @@ class Plugin(Subsystem):
 
 def _settings(d: dict) -> str:
     return ", ".join(f"{k} {v}" for k, v in d.items())
+
+
+# ---------------------------------------------------------------- the setting types (state.json)
+def _check_param(c) -> None:
+    fields.text(c.target, "target", maxlen=64)
+    d = c.data
+    if c.key in ("pipe_dir", "log_dir"):
+        fields.abspath(d.get("path"), "data.path")
+        if not safe_root(d["path"]):
+            fields.fail(f"data.path: {d['path']!r} is not a directory the tool may manage")
+        fields.integer(d.get("mode"), "data.mode", 0, 0o777)
+        for k, v in (("original", c.current), ("desired", c.desired)):
+            if v is not None and not (isinstance(v, str) and re.fullmatch(r"[0-7]{3,4} [A-Za-z0-9_.-]{1,32}|link|"
+                                                                            r"not a directory", v)):
+                fields.fail(f"{k}: {v!r} is not 'MODE OWNER'")
+    elif c.key == "unit":
+        fields.text(d.get("unit"), "data.unit", maxlen=128)
+        if not re.fullmatch(r"[A-Za-z0-9:_.@-]+\.service", d["unit"]):
+            fields.fail(f"data.unit: {d['unit']!r} is not a service unit name")
+        fields.text(d.get("old"), "data.old", lines=True, maxlen=1 << 20, none=True)
+        fields.one_of(c.current, "original", (None, "differs"))
+        fields.text(c.desired, "desired", lines=True, maxlen=1 << 20, none=True)
+        if d.get("old") is not None and not unit_is_rendered(d["old"]):   # the text rollback writes back
+            fields.fail("data.old: not a unit hkgpu-tune renders for any mps section: refused")
+    elif c.key == "daemon":
+        fields.one_of(c.current, "original", ("running", "stopped"))
+        fields.one_of(c.desired, "desired", ("running", "stopped"))
+        fields.boolean(d.get("systemd"), "data.systemd", none=True)
+    elif c.key == "running_daemon":   # a restart; its original is what the daemon ran with
+        fields.text(c.current, "original", maxlen=1024, none=True)
+        fields.one_of(c.desired, "desired", ("restarted",))
+        fields.boolean(d.get("systemd"), "data.systemd", none=True)
+    elif c.key == "default_active_thread_percentage":
+        fields.number(c.current, "original", 0, 100, none=True)
+        fields.number(c.desired, "desired", 0, 100, none=True)
+    elif c.key == "default_pinned_mem_limit":
+        fields.integer(d.get("device"), "data.device", 0, 1023)
+        for k, v in (("original", c.current), ("desired", c.desired)):
+            if v is not None and not (isinstance(v, str) and re.fullmatch(r"[0-9A-Za-z.]{1,32}", v)):
+                fields.fail(f"{k}: {v!r} is not a memory size")
+    else:
+        fields.fail(f"key: {c.key!r} is not an MPS setting")
+
+
+SPEC = Spec(name="mps", order=90, section="mps", plugin=Plugin, persist="unit", sections={"mps": parse_profile},
+            types=(SettingType("mps.param", "mps", _check_param),))

@@ -1,10 +1,14 @@
 """Queueing discipline on each interface: the root, and the child of every mq transmit queue."""
 from __future__ import annotations
 
+import re
+
 from hkgpu_tune.core.errors import ApplyError
 from hkgpu_tune.core.report import DRIFT, OK, UNSUPPORTED
 from hkgpu_tune.core.match import could_match, find, identity, matched, resolve
-from hkgpu_tune.subsystems.base import Subsystem
+from hkgpu_tune.core import fields
+from hkgpu_tune.core.fields import SettingType
+from hkgpu_tune.subsystems.base import Spec, Subsystem
 
 
 class Plugin(Subsystem):
@@ -110,3 +114,44 @@ class Plugin(Subsystem):
             for m, kind in want.items():
                 if now["children"].get(f"{maj}:{m}") != kind:
                     tc.replace_child(idx, f"{maj}:{m}", kind, change.target)
+
+
+# ---------------------------------------------------------------- the setting types (state.json)
+_QDISC_KIND = re.compile(r"[a-z0-9_]{1,16}")
+
+
+_HANDLE = re.compile(r"[0-9a-f]{1,4}:[0-9a-f]{0,4}")
+
+
+def _check_queue(c) -> None:
+    fields.identity(c.data)
+    fields.ifname(c.target)
+    if c.key != "root" and not re.fullmatch(r"queue [0-9]{1,5}", c.key):
+        fields.fail(f"key: {c.key!r}, expected 'root' or 'queue N'")
+    fields.text(c.current, "original", maxlen=64, none=True)
+    fields.text(c.desired, "desired", maxlen=64, none=True)
+    for k, v in (("original", c.current), ("desired", c.desired)):
+        if c.key != "root" and v is not None and not _QDISC_KIND.fullmatch(v):
+            fields.fail(f"{k}: {v!r} is not a qdisc kind")
+    d = c.data
+    fields.integer(d.get("index"), "data.index", 1, 2**31 - 1, none=True)
+    if "parent" in d and not (isinstance(d["parent"], str) and
+                              (_HANDLE.fullmatch(d["parent"]) or re.fullmatch(r"queue [0-9]{1,5}", d["parent"]))):
+        fields.fail(f"data.parent: {d['parent']!r} is not a qdisc handle")
+    orig = d.get("orig")
+    if not isinstance(orig, dict):
+        fields.fail("data.orig: expected the original qdiscs")
+    root, handle, children = orig.get("root"), orig.get("root_handle"), orig.get("children", {})
+    if root is not None and not (isinstance(root, str) and _QDISC_KIND.fullmatch(root)):
+        fields.fail(f"data.orig.root: {root!r} is not a qdisc kind")
+    if handle is not None and not (isinstance(handle, str) and _HANDLE.fullmatch(handle)):
+        fields.fail(f"data.orig.root_handle: {handle!r} is not a qdisc handle")
+    if not isinstance(children, dict) or len(children) > 4096:
+        fields.fail("data.orig.children: expected handle: kind")
+    for h, k in children.items():
+        if not _HANDLE.fullmatch(h) or not (isinstance(k, str) and _QDISC_KIND.fullmatch(k)):
+            fields.fail(f"data.orig.children: {h!r}: {k!r} is not a handle and a qdisc kind")
+
+
+SPEC = Spec(name="qdisc", order=40, section="network", plugin=Plugin, persist="boot", netns=True,
+            types=(SettingType("qdisc.queue", "qdisc", _check_queue),))

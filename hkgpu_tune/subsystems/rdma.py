@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 
 from hkgpu_tune.core.errors import HkError
-from hkgpu_tune.subsystems.base import Subsystem
+from hkgpu_tune.subsystems.base import Spec, Subsystem
 
 IB = "/sys/class/infiniband"
 ZERO_GID = "0000:0000:0000:0000:0000:0000:0000:0000"
@@ -96,3 +96,6 @@ class Plugin(Subsystem):
             except ValueError:
                 out["pfc"] = {"error": "dcb -j printed no JSON"}
         return out
+
+
+SPEC = Spec(name="rdma", order=60, section="network", plugin=Plugin, persist="none")

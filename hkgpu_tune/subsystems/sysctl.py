@@ -5,9 +5,13 @@ import math
 from dataclasses import dataclass
 
 from hkgpu_tune.core.errors import HkError, ProfileError, UnsupportedError
+from hkgpu_tune.core.profile import parse_sysctl, valid_sysctl_key
+from hkgpu_tune.core.sysctl_names import forbidden
 from hkgpu_tune.core.normalize import at_least, same
 from hkgpu_tune.core.report import DRIFT, ERROR, OK, UNSUPPORTED
-from hkgpu_tune.subsystems.base import Subsystem
+from hkgpu_tune.core import fields
+from hkgpu_tune.core.fields import SettingType
+from hkgpu_tune.subsystems.base import Spec, Subsystem
 
 # ---------------------------------------------------------------- tcp_buffers: sizes from the path
 SEED_FLOOR = 268435456      # the seed's rmem_max/wmem_max and tcp_rmem/tcp_wmem maximum
@@ -187,3 +191,25 @@ class Plugin(Subsystem):
         got = self.b.sysctl.read(key)
         if got is None or not same(got, value):
             raise UnsupportedError(f"sysctl {key}: wrote {value!r}, the kernel shows {got!r}")
+
+
+# ---------------------------------------------------------------- the setting types (state.json)
+def _check_key(c) -> None:
+    if c.target != "host":
+        fields.fail(f"target: {c.target!r}, expected 'host'")
+    fields.text(c.key, "key", maxlen=255)
+    if not valid_sysctl_key(c.key):
+        fields.fail(f"key: {c.key!r} is not a sysctl under /proc/sys")
+    why = forbidden(c.key)   # the profile's own rule: a state file names no key a profile could not
+    if why:
+        fields.fail(f"key: {why}")
+    fields.text(c.current, "original", maxlen=1024)
+    fields.text(c.desired, "desired", maxlen=1024, none=True)
+    if set(c.data) - {"identity"}:
+        fields.fail(f"data: unexpected {', '.join(sorted(set(c.data) - {'identity'}))}")
+
+
+SPEC = Spec(name="sysctl", order=10, section="sysctl", plugin=Plugin, persist="sysctl.d",
+            netns=lambda key: key.startswith("net."),   # the net.* keys belong to one namespace
+            sections={"sysctl": parse_sysctl, "tcp_buffers": parse_tcp_buffers}, also=("tcp_buffers",),
+            types=(SettingType("sysctl.key", "sysctl", _check_key),))

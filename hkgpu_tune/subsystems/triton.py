@@ -1,14 +1,19 @@
 """The Triton subsystem: verify and apply of the `triton:` profile section (its schema and parsing: serve.config)."""
 from __future__ import annotations
 
+import re
+
 import os
 
 from hkgpu_tune.core.errors import ApplyError, HkError
 from hkgpu_tune.core.report import DRIFT, ERROR, OK, UNSUPPORTED
 from hkgpu_tune.serve.config import Build, Endpoint, Gate, Model, Services, Triton, engine_facts, section, services
 from hkgpu_tune.serve.services import parse_profile
+from hkgpu_tune.serve.devices import check_layout
 from hkgpu_tune.serve.render import check_models
-from hkgpu_tune.subsystems.base import Subsystem
+from hkgpu_tune.core import fields
+from hkgpu_tune.core.fields import SettingType
+from hkgpu_tune.subsystems.base import Spec, Subsystem
 
 __all__ = ["Plugin", "Build", "Endpoint", "Gate", "Model", "Services", "Triton", "check_models", "parse_profile",
            "section", "services"]
@@ -486,3 +491,49 @@ class Service(Subsystem):
         st["placement"] = launch.placement(self.t, self.b)
         return st
 
+
+# ---------------------------------------------------------------- the setting types (state.json)
+_NAME = re.compile(r"[A-Za-z0-9_.@:+-]{1,128}")
+
+
+def _check_service(c) -> None:
+    fields.text(c.target, "target", maxlen=4096)
+    fields.one_of(c.key, "key", ("repository", "unit", "served_config", "service", "command"))
+    if "unit" in c.data:   # the service of several (triton.services) the change belongs to
+        u = c.data["unit"]
+        from hkgpu_tune.serve.config import UNIT_RE   # the profile's own rule for a unit name
+        if not (isinstance(u, str) and re.fullmatch(UNIT_RE, u)):
+            fields.fail(f"data.unit: {u!r} is not a unit name")
+    if c.key == "repository":
+        m = c.data.get("model")
+        if not (isinstance(m, str) and _NAME.fullmatch(m)) or m in (".", ".."):
+            fields.fail(f"data.model: {m!r} is not a model name")
+        if "model_dir" in c.data:  # paths rollback moves and removes (triton/redeploy.py)
+            from hkgpu_tune.core.errors import StateError
+            from hkgpu_tune.serve.redeploy import check_record
+            try:
+                check_record(c.data)
+            except StateError as e:
+                fields.fail(str(e))
+    if c.key == "unit" and c.data.get("before") is not None:   # the text rollback writes back
+        from hkgpu_tune.core.errors import HkError
+        from hkgpu_tune.serve.shapes import check_unit_text
+        try:
+            check_unit_text(c.data["before"])
+        except HkError as e:
+            fields.fail(str(e))
+    if c.key == "command":   # a respawn record: only a Triton server command (serve.records)
+        from hkgpu_tune.core.errors import HkError
+        from hkgpu_tune.serve.records import check_record
+        try:
+            check_record(c.data.get("before"))
+        except HkError as e:
+            fields.fail(str(e))
+    fields.plain(c.current, "original")
+    fields.plain(c.desired, "desired")
+
+
+SPEC = Spec(name="triton", order=110, section="triton", plugin=Plugin, persist="unit",
+            sections={"triton": parse_profile},
+            checks=((("gpu",), check_layout),),   # MIG positions (triton.gpu, mps.gpus) against gpu.mig
+            types=(SettingType("triton.service", "triton", _check_service),))

@@ -97,7 +97,7 @@ class Engine:
             rep.results = self.verify()
             return rep
         j = Journal(self.state)
-        place.stamp(changes)
+        place.stamp(changes, subsystems.netns_scoped)
         j.refuse_recorded_elsewhere(changes)   # before the first write: nothing changes
         try:
             for s in self.subs:
@@ -140,7 +140,7 @@ class Engine:
         return rep
 
     def _write(self, j: Journal, changes: list[Change]) -> None:
-        place.stamp(changes)   # where each lives: a replaced device or another namespace is another setting
+        place.stamp(changes, subsystems.netns_scoped)   # where each lives: a replaced device or another namespace is another setting
         j.originals(changes)   # on disk before the first write
         for c in changes:
             try:

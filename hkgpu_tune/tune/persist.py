@@ -460,7 +460,8 @@ def _persist(engine, profile, root, profile_path) -> list[str]:
         done.append("profile: " + w.write(PROFILE_FILE, text))
         # MTU: into the owner's configuration where a manager owns the link
         # settings the kernel or driver forgets at reboot (MPS and Triton have units of their own)
-        runtime = [n for n in ("ethtool", "qdisc", "gpu", "mig", "affinity") if n in engine.by_name]
+        from hkgpu_tune import subsystems
+        runtime = [s.name for s in subsystems.specs() if s.persist == "boot" and s.name in engine.by_name]
         boot_link = False
         if "link" in engine.by_name:
             for ln, mtu, owner in owners:
