@@ -1,8 +1,11 @@
 """The package's layout stays readable: imports go one way down the layers (docs/architecture.md),
-no import cycle between modules (imports inside functions count), no module over 600 lines.
-Read with Python's own ast, not by importing the package."""
+no import cycle between modules (imports inside functions count), no module over 600 lines, and
+no string table that names a module of a higher layer ("hkgpu_tune.serve.x:parse" in core/ is an
+import up the layers that the import graph cannot see). Read with Python's own ast, not by
+importing the package."""
 import ast
 import os
+import re
 
 import pytest
 
@@ -56,6 +59,42 @@ def imports(mods):
                         edges.add(k)
         graph[m] = edges
     return graph
+
+
+MODULE_PATH = re.compile(r"hkgpu_tune(?:\.[A-Za-z_][A-Za-z0-9_]*)+")
+
+
+def _docstrings(tree):
+    out = set()
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and n.body:
+            first = n.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                out.add(id(first.value))
+    return out
+
+
+def string_refs(mods):
+    """module -> {(module of the package a string names, line)}: "hkgpu_tune.x.y" and "hkgpu_tune.x.y:func"
+    in any string but a docstring (prose may name a module; a table that imports by name may not)."""
+    def known(name):
+        while name and name not in mods:
+            name = name.rpartition(".")[0]
+        return name or None
+    out = {}
+    for m, (path, _) in mods.items():
+        with open(path, encoding="utf-8") as fh:
+            tree = ast.parse(fh.read(), path)
+        docs = _docstrings(tree)
+        refs = set()
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docs:
+                for hit in MODULE_PATH.finditer(n.value):
+                    k = known(hit.group(0))
+                    if k and k != m:
+                        refs.add((k, n.lineno))
+        out[m] = refs
+    return out
 
 
 def cycles(graph):
@@ -115,6 +154,14 @@ def test_imports_go_down_the_layers():
     assert not up, "imports up the layers:\n" + "\n".join(up)
 
 
+def test_no_string_names_a_module_up_the_layers():
+    """core/profile.py once mapped sections to "hkgpu_tune.serve.services:parse_profile" and
+    seven more: a hidden cycle. A lower layer learns of a higher one by registration, never by name."""
+    up = sorted(f"{m}:{line} -> {t}" for m, refs in string_refs(MODS).items() for t, line in refs
+                if layer(m) is not None and layer(t) is not None and layer(t) > layer(m))
+    assert not up, "strings naming modules up the layers:\n" + "\n".join(up)
+
+
 def test_no_module_over_600_lines():
     big = {}
     for m, (path, _) in MODS.items():
@@ -145,3 +192,17 @@ def test_the_reader_sees_imports_inside_functions(tmp_path):
     g = imports(modules(str(pkg)))
     assert g["hkgpu_tune.core.a"] == {"hkgpu_tune.cli.b"} and g["hkgpu_tune.cli.b"] == {"hkgpu_tune.core.a"}
     assert cycles(g) == [["hkgpu_tune.cli.b", "hkgpu_tune.core.a"]]
+
+
+def test_the_string_reader_sees_a_table_and_not_a_docstring(tmp_path):
+    pkg = tmp_path / PKG
+    for d in ("core", "cli"):
+        (pkg / d).mkdir(parents=True)
+        (pkg / d / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "cli" / "b.py").write_text("def parse(n):\n    return n\n")
+    (pkg / "core" / "a.py").write_text('"""Parsed by hkgpu_tune.cli.b, see there."""\n'
+                                       'TABLE = {"x": "hkgpu_tune.cli.b:parse"}\n'
+                                       'NAME = f"{PKG}.other"\n')
+    refs = string_refs(modules(str(pkg)))
+    assert refs["hkgpu_tune.core.a"] == {("hkgpu_tune.cli.b", 2)}
