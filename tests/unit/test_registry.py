@@ -19,8 +19,8 @@ from hkgpu_tune.tune import settings
 MODULES = sorted(m.name for m in pkgutil.iter_modules(subsystems.__path__) if m.name not in subsystems.NOT_SUBSYSTEMS)
 
 
-def test_the_package_holds_the_subsystems_it_always_had():
-    assert MODULES == sorted(["sysctl", "link", "ethtool", "qdisc", "firewall", "rdma", "gpu", "mig", "mps",
+def test_the_package_holds_the_subsystems_it_always_had_and_cpufreq():
+    assert MODULES == sorted(["sysctl", "link", "ethtool", "qdisc", "firewall", "rdma", "cpufreq", "gpu", "mig", "mps",
                               "affinity", "triton"])
 
 
@@ -39,20 +39,20 @@ def test_every_module_declares_a_complete_subsystem(name):
 
 
 def test_the_apply_order_is_the_one_before_the_registry():
-    assert subsystems.ORDER == ["sysctl", "link", "ethtool", "qdisc", "firewall", "rdma", "gpu", "mig", "mps",
-                                "affinity", "triton"]
+    assert subsystems.ORDER == ["sysctl", "link", "ethtool", "qdisc", "firewall", "rdma", "cpufreq", "gpu", "mig",
+                                "mps", "affinity", "triton"]
     assert len({s.order for s in subsystems.specs()}) == len(MODULES)
 
 
 def test_the_derived_tables_equal_the_hand_written_ones_they_replace():
     assert subsystems.SECTION == {"sysctl": "sysctl", "link": "network", "ethtool": "network", "qdisc": "network",
                                   "firewall": "network", "rdma": "network", "gpu": "gpu", "mig": "gpu", "mps": "mps",
-                                  "affinity": "affinity", "triton": "triton"}
+                                  "affinity": "affinity", "triton": "triton", "cpufreq": "cpufreq"}
     assert subsystems.ALSO == {"sysctl": ("tcp_buffers",)}
     boot = [s.name for s in subsystems.specs() if s.persist == "boot"]
-    assert boot == ["ethtool", "qdisc", "gpu", "mig", "affinity"]       # what the boot unit re-applies
+    assert boot == ["ethtool", "qdisc", "cpufreq", "gpu", "mig", "affinity"]   # what the boot unit re-applies
     assert sorted(sections.table()) == sorted(["network", "sysctl", "gpu", "mps", "affinity", "triton", "health",
-                                              "export", "baseline", "tcp_buffers"])
+                                              "export", "baseline", "tcp_buffers", "cpufreq"])
 
 
 @pytest.mark.parametrize("subsystem, key, scoped", [
