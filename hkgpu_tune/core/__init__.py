@@ -1,0 +1,1 @@
+"""The lowest layer: errors, the profile and its sections, reports, safe files; imports nothing above it."""
