@@ -310,24 +310,16 @@ def escape(s: str) -> str:
     return _html_escape(str(s), quote=True)
 
 
-def _label(v: str) -> str:
-    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", " ")
-
-
 def to_prometheus(results) -> str:
     """Prometheus textfile-collector format: one gauge per setting, value 1 for the status it has."""
-    lines = [
-        "# HELP hkgpu_tune_setting_status Status of one tuned setting (1 = the status in the label).",
-        "# TYPE hkgpu_tune_setting_status gauge",
-    ]
-    for r in results:
-        lab = f'subsystem="{_label(r.subsystem)}",target="{_label(r.target)}",key="{_label(r.key)}"'
-        for s in STATUSES:
-            lines.append(f'hkgpu_tune_setting_status{{{lab},status="{s}"}} {1 if r.status == s else 0}')
-    lines += ["# HELP hkgpu_tune_failures Settings that failed verify.",
-              "# TYPE hkgpu_tune_failures gauge",
-              f"hkgpu_tune_failures {sum(1 for r in results if r.failed)}"]
-    return "\n".join(lines) + "\n"
+    from hkgpu_tune.core.promtext import Family, render
+    status = Family("hkgpu_tune_setting_status", "gauge",
+                    "Status of one tuned setting (1 = the status in the label).",
+                    [({"subsystem": r.subsystem, "target": r.target, "key": r.key, "status": s}, int(r.status == s))
+                     for r in results for s in STATUSES])
+    failures = Family("hkgpu_tune_failures", "gauge", "Settings that failed verify.",
+                      [({}, sum(1 for r in results if r.failed))])
+    return "\n".join(render([status, failures], keep_empty=True)) + "\n"
 
 
 def to_junit(results, name="hkgpu-tune verify") -> str:

@@ -13,23 +13,13 @@ by default, recorded files for tests and the bench.
 from __future__ import annotations
 
 import importlib
-import math
 import time
 from dataclasses import dataclass, field
 
+from hkgpu_tune.core.promtext import Family, fmt, label, render  # noqa: F401 - the collectors' one renderer
+
 NAMES = ("nic", "tcp", "gpu", "kmsg", "probe")
 DEFAULT = ("nic", "tcp", "gpu", "kmsg")     # probe only when asked (it sends packets and takes time)
-
-
-@dataclass
-class Family:
-    """One metric family of the textfile: name, "gauge"|"counter"|"summary", help, [(labels, value)].
-    A label "__name__" names the sample itself (a summary's NAME_sum and NAME_count)."""
-
-    name: str
-    kind: str
-    help: str
-    samples: list = field(default_factory=list)
 
 
 @dataclass
@@ -85,44 +75,6 @@ def collect(profile, names=None, *, probes: bool = False, nvml=None, sources: So
         except Exception as e:  # noqa: BLE001 - a collector's failure is a metric, not a crash
             out.append(Result(name, False, [], {}, one_line(e), time.perf_counter() - t))
     return out
-
-
-def label(v) -> str:
-    return str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def fmt(v: float) -> str:
-    if isinstance(v, bool):
-        return "1" if v else "0"
-    if isinstance(v, int):
-        return str(v)
-    v = float(v)
-    if math.isnan(v):
-        return "NaN"
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    return repr(v) if v != int(v) or abs(v) >= 1e15 else str(int(v))
-
-
-def render(families) -> list[str]:
-    """Families -> text-format lines; a family without samples is left out; a sample whose value
-    is None is left out (NVML did not have it)."""
-    lines = []
-    for f in families:
-        samples = [(lab, v) for lab, v in f.samples if v is not None]
-        if not samples:
-            continue
-        lines.append(f"# HELP {f.name} {f.help}")
-        lines.append(f"# TYPE {f.name} {f.kind}")
-        for lab, v in samples:
-            name = lab.get("__name__", f.name)
-            lab = {k: x for k, x in lab.items() if k != "__name__"}
-            if lab:
-                inner = ",".join(f'{k}="{label(x)}"' for k, x in lab.items())
-                lines.append(f"{name}{{{inner}}} {fmt(v)}")
-            else:
-                lines.append(f"{name} {fmt(v)}")
-    return lines
 
 
 def run_families(results) -> list[Family]:
