@@ -8,13 +8,12 @@ of the samples (stats.verdict); a metric regresses when it is worse past its thr
 from __future__ import annotations
 
 import json
-import os
-import stat
 import math
 import statistics
 from dataclasses import asdict, dataclass, field
 
 from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.core.fsutil import FileRefused, read_regular
 from hkgpu_tune.baseline import COMMAND, FORMAT, settings, stats
 
 MAX_BYTES = 64 << 20
@@ -49,19 +48,13 @@ def load(path: str) -> Snapshot:
     """A snapshot file: a regular file of at most 64 MiB, JSON, written by `baseline capture` in
     this format version. Anything else is one SnapshotError naming the file (and key)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except OSError as e:
+        raw = read_regular(path, MAX_BYTES)
+    except FileRefused as e:
+        if e.kind == "not regular":
+            raise SnapshotError(f"{path}: not a regular file") from None
+        if e.kind in ("too large", "grew"):
+            raise SnapshotError(f"{path}: larger than {MAX_BYTES >> 20} MiB: not a snapshot") from None
         raise SnapshotError(f"{path}: cannot read the snapshot: {e.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise SnapshotError(f"{path}: not a regular file")
-        if st.st_size > MAX_BYTES:
-            raise SnapshotError(f"{path}: larger than {MAX_BYTES >> 20} MiB: not a snapshot")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            raw = f.read(MAX_BYTES + 1)
-    finally:
-        os.close(fd)
     try:
         doc = json.loads(raw.decode("utf-8"), parse_int=_int)
     except (UnicodeDecodeError, ValueError) as e:

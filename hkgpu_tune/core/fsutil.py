@@ -1,15 +1,67 @@
 """The one way this tool writes a file: a temporary file made exclusively in the destination's
 directory, fsync of file and directory, then rename; links are never followed and nothing but a
-regular file is ever replaced.
+regular file is ever replaced. And the one way it reads a file it did not make (read_regular).
 
 >>> atomic_write("/tmp/x.prom", b"up 1\\n", mode=0o644)   # doctest: +SKIP
 """
 from __future__ import annotations
 
+import errno as _errno
 import os
 import stat
 
 from hkgpu_tune.core.errors import HkError
+
+
+class FileRefused(Exception):
+    """Why read_regular did not read a file. kind: "missing", "link" (not followed), "unreadable"
+    (strerror, errno), "not regular", "too large" (size: from fstat), "grew" (past the limit while
+    read). Each caller words it in its own error."""
+
+    def __init__(self, kind: str, path: str, strerror: str = "", errno: int | None = None, size: int = 0):
+        super().__init__(f"{path}: {kind}{': ' + strerror if strerror else ''}")
+        self.kind, self.path, self.strerror, self.errno, self.size = kind, path, strerror, errno, size
+
+
+def read_regular(path: str, limit: int, follow: bool = True, check=None) -> bytes:
+    """The bytes of a regular file of at most `limit` bytes, read safely: opened without blocking
+    (a FIFO or a device is refused on the open descriptor, never waited on), a last link followed
+    only when `follow`, `check(st)` run on the descriptor's stat (it may raise), and read to
+    limit + 1 so that a file growing past the limit is refused, never cut. FileRefused otherwise.
+
+    >>> read_regular("/etc/hostname", 4096)   # doctest: +SKIP
+    b'node1\\n'
+    """
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError as e:
+        raise FileRefused("missing", path, e.strerror, e.errno) from None
+    except OSError as e:
+        raise FileRefused("link" if e.errno == _errno.ELOOP and not follow else "unreadable", path, e.strerror,
+                          e.errno) from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise FileRefused("not regular", path)
+        if check is not None:
+            check(st)
+        if st.st_size > limit:
+            raise FileRefused("too large", path, size=st.st_size)
+        chunks, total = [], 0
+        while total <= limit:
+            b = os.read(fd, limit + 1 - total)
+            if not b:
+                break
+            chunks.append(b)
+            total += len(b)
+    except OSError as e:
+        raise FileRefused("unreadable", path, e.strerror, e.errno) from None
+    finally:
+        os.close(fd)
+    if total > limit:
+        raise FileRefused("grew", path, size=total)
+    return b"".join(chunks)
 
 
 def _check_dest(path: str) -> None:

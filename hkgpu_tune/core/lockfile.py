@@ -11,6 +11,7 @@ import stat
 from contextlib import contextmanager
 
 from hkgpu_tune.core.errors import HkError, StateError
+from hkgpu_tune.core.fsutil import FileRefused, read_regular
 
 # per process: lock path -> [fd, depth]
 _held: dict[str, list] = {}
@@ -85,27 +86,17 @@ def read_private(path: str, what: str, max_bytes: int, refusal) -> bytes | None:
     """The bytes of a file the tool keeps for itself (state, registry, health state); None when it
     is missing. A link, a non-regular file, one `refusal(path, st, what)` names, or one over
     `max_bytes` is a StateError, never half-read."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            raise StateError(f"{path}: the {what} is a symbolic link: refused") from None
-        raise StateError(f"{path}: cannot read the {what}: {e.strerror}") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise StateError(f"{path}: the {what} is not a regular file: refused")
+    def check(st):
         why = refusal(path, st, what)
         if why:
             raise StateError(why)
-        if st.st_size > max_bytes:
-            raise StateError(f"{path}: the {what} is {st.st_size} bytes, over the {max_bytes} allowed: refused")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            data = f.read(max_bytes + 1)
-    finally:
-        os.close(fd)
-    if len(data) > max_bytes:
-        raise StateError(f"{path}: the {what} grew over {max_bytes} bytes: refused")
-    return data
+    try:
+        return read_regular(path, max_bytes, follow=False, check=check)
+    except FileRefused as e:
+        if e.kind == "missing":
+            return None
+        raise StateError({"link": f"{path}: the {what} is a symbolic link: refused",
+                          "unreadable": f"{path}: cannot read the {what}: {e.strerror}",
+                          "not regular": f"{path}: the {what} is not a regular file: refused",
+                          "too large": f"{path}: the {what} is {e.size} bytes, over the {max_bytes} allowed: refused",
+                          "grew": f"{path}: the {what} grew over {max_bytes} bytes: refused"}[e.kind]) from None

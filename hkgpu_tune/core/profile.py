@@ -17,6 +17,7 @@ import yaml
 
 from hkgpu_tune.core import sections
 from hkgpu_tune.core.errors import ProfileError
+from hkgpu_tune.core.fsutil import FileRefused, read_regular
 from hkgpu_tune.core.yamlnode import (MAX_BYTES, Node, _BAD_CHAR, _Loader, check_tree)
 
 PROFILE_DIR = Path(__file__).resolve().parent.parent / "profiles"
@@ -469,35 +470,16 @@ def read_profile_file(path: str | os.PathLike, system: bool = False) -> str:
     blocking and checked before reading) of at most MAX_BYTES, in UTF-8. `system`: a profile
     found in /etc, read by root only when root owns it and no one else can write it."""
     p = os.fspath(path)
+    check = (lambda st: _check_owner(p, st, "file", "chmod 644")) if system and os.geteuid() == 0 else None
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise ProfileError(f"{p}: no such profile file") from None
-    except OSError as e:
-        raise ProfileError(f"{p}: cannot read the profile: {e.strerror}") from None
+        data = read_regular(p, MAX_BYTES, check=check)
+    except FileRefused as e:
+        raise ProfileError({"missing": f"{p}: no such profile file",
+                            "not regular": f"{p}: not a regular file: a profile must be a plain file",
+                            "unreadable": f"{p}: cannot read the profile: {e.strerror}"}.get(
+                                e.kind, f"{p}: larger than {MAX_BYTES} bytes: not a profile")) from None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ProfileError(f"{p}: not a regular file: a profile must be a plain file")
-        if system and os.geteuid() == 0:
-            _check_owner(p, st, "file", "chmod 644")
-        if st.st_size > MAX_BYTES:
-            raise ProfileError(f"{p}: larger than {MAX_BYTES} bytes: not a profile")
-        chunks, total = [], 0
-        while total <= MAX_BYTES:
-            b = os.read(fd, MAX_BYTES + 1 - total)
-            if not b:
-                break
-            chunks.append(b)
-            total += len(b)
-        if total > MAX_BYTES:
-            raise ProfileError(f"{p}: larger than {MAX_BYTES} bytes: not a profile")
-    except OSError as e:
-        raise ProfileError(f"{p}: cannot read the profile: {e.strerror}") from None
-    finally:
-        os.close(fd)
-    try:
-        return b"".join(chunks).decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise ProfileError(f"{p}: not UTF-8 text (byte {e.start})") from None
 

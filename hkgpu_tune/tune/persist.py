@@ -17,7 +17,7 @@ import yaml
 
 from hkgpu_tune.core.errors import HkError, ProfileError, StateError
 from hkgpu_tune.core import unitfile
-from hkgpu_tune.core.fsutil import atomic_write, check_trusted, fsync_dir
+from hkgpu_tune.core.fsutil import FileRefused, atomic_write, check_trusted, fsync_dir, read_regular
 from hkgpu_tune.core.paths import entry_point  # noqa: F401 (persist.entry_point: the boot unit's command)
 from hkgpu_tune.tune.journal import Journal
 from hkgpu_tune.core.yamlnode import load_yaml_doc
@@ -48,28 +48,15 @@ def _read_config(path: str) -> str:
     """The text of a network manager's file: a regular file (a link is followed, a FIFO or
     device refused without blocking) of at most MAX_CONFIG bytes of UTF-8; HkError otherwise."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except OSError as e:
+        data = read_regular(path, MAX_CONFIG)
+    except FileRefused as e:
+        if e.kind == "not regular":
+            raise HkError(f"{path}: not a regular file: refused") from None
+        if e.kind in ("too large", "grew"):
+            raise HkError(f"{path}: larger than {MAX_CONFIG} bytes: refused") from None
         raise HkError(f"{path}: cannot read: {e.strerror}", e.errno) from None
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise HkError(f"{path}: not a regular file: refused")
-        chunks, total = [], 0
-        while total <= MAX_CONFIG:
-            b = os.read(fd, MAX_CONFIG + 1 - total)
-            if not b:
-                break
-            chunks.append(b)
-            total += len(b)
-        if total > MAX_CONFIG:
-            raise HkError(f"{path}: larger than {MAX_CONFIG} bytes: refused")
-    except OSError as e:
-        raise HkError(f"{path}: cannot read: {e.strerror}", e.errno) from None
-    finally:
-        os.close(fd)
-    try:
-        return b"".join(chunks).decode("utf-8")
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise HkError(f"{path}: not UTF-8 text (byte {e.start}): refused") from None
 
@@ -248,17 +235,11 @@ def _sha(data: bytes) -> str:
 def _read_regular(path: str, limit: int = 16 << 20) -> bytes:
     """The bytes of a regular file, not following a link (HkError otherwise)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        raise HkError(f"{path}: cannot read: {e.strerror}", e.errno) from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > limit:
-            raise HkError(f"{path}: not a regular file of at most {limit} bytes")
-        with os.fdopen(os.dup(fd), "rb") as f:
-            return f.read(limit + 1)
-    finally:
-        os.close(fd)
+        return read_regular(path, limit, follow=False)
+    except FileRefused as e:
+        if e.kind in ("link", "unreadable", "missing"):
+            raise HkError(f"{path}: cannot read: {e.strerror}", e.errno) from None
+        raise HkError(f"{path}: not a regular file of at most {limit} bytes") from None
 
 
 def _current_hash(path: str) -> str | None:
