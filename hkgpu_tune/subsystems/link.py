@@ -6,7 +6,6 @@ network namespace), never by ifindex; a route's original is saved whole and put 
 from __future__ import annotations
 
 import ipaddress
-import re
 
 from hkgpu_tune.core.errors import ApplyError, HkError
 from hkgpu_tune.core.profile import parse_network

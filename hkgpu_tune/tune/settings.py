@@ -13,8 +13,7 @@ from __future__ import annotations
 import re
 
 from hkgpu_tune import subsystems
-from hkgpu_tune.core.fields import (SettingType, abspath, fail as _fail, integer, plain,  # noqa: F401
-                                    text, VERSION)
+from hkgpu_tune.core.fields import SettingType, abspath, fail as _fail, integer, plain, text
 from hkgpu_tune.core.report import Change
 
 _HEX64 = re.compile(r"[0-9a-f]{64}")
