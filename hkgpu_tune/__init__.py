@@ -17,20 +17,33 @@ _LAZY = {"__version__": "hkgpu_tune.core.version",
 
 def _profile_sections() -> None:
     """The profile's section table (core/sections.py), filled from the modules that own each
-    section: every registered subsystem's SPEC, then the sections no subsystem applies."""
+    section: every registered subsystem's SPEC, then the sections no subsystem applies (their
+    modules imported only when a profile has the section)."""
     from hkgpu_tune import subsystems
-    from hkgpu_tune.baseline import settings as baseline
     from hkgpu_tune.core import sections
-    from hkgpu_tune.observe import health_config
-    from hkgpu_tune.observe.collect import exporters
     for spec in subsystems.specs():
         for name, parse in spec.sections.items():
             sections.register(name, parse, f"subsystem {spec.name}")
         for needs, check in spec.checks:
             sections.register_check(needs, check)
-    sections.register("health", health_config.parse_profile, "observe.health_config")
-    sections.register("export", exporters.parse_profile, "observe.collect.exporters")
-    sections.register("baseline", baseline.parse_profile, "baseline.settings")
+    sections.register("health", _health, "observe.health_config")
+    sections.register("export", _export, "observe.collect.exporters")
+    sections.register("baseline", _baseline, "baseline.settings")
+
+
+def _health(node):
+    from hkgpu_tune.observe.health_config import parse_profile
+    return parse_profile(node)
+
+
+def _export(node):
+    from hkgpu_tune.observe.collect.exporters import parse_profile
+    return parse_profile(node)
+
+
+def _baseline(node):
+    from hkgpu_tune.baseline.settings import parse_profile
+    return parse_profile(node)
 
 
 def _install() -> None:

@@ -7,16 +7,23 @@ import os
 
 from hkgpu_tune.core.errors import ApplyError, HkError
 from hkgpu_tune.core.report import DRIFT, ERROR, OK, UNSUPPORTED
-from hkgpu_tune.serve.config import Build, Endpoint, Gate, Model, Services, Triton, engine_facts, section, services
-from hkgpu_tune.serve.services import parse_profile
-from hkgpu_tune.serve.devices import check_layout
-from hkgpu_tune.serve.render import check_models
 from hkgpu_tune.core import fields
 from hkgpu_tune.core.fields import SettingType
 from hkgpu_tune.subsystems.base import Spec, Subsystem
 
 __all__ = ["Plugin", "Build", "Endpoint", "Gate", "Model", "Services", "Triton", "check_models", "parse_profile",
            "section", "services"]
+# the service code (serve/) loads on first use: the registry imports every subsystem module
+_LAZY = {"Build": "config", "Endpoint": "config", "Gate": "config", "Model": "config", "Services": "config",
+         "Triton": "config", "engine_facts": "config", "section": "config", "services": "config",
+         "parse_profile": "services", "check_models": "render", "check_layout": "devices"}
+
+
+def __getattr__(name):
+    if name in _LAZY:
+        import importlib
+        return getattr(importlib.import_module(f"hkgpu_tune.serve.{_LAZY[name]}"), name)
+    raise AttributeError(name)
 
 
 class Plugin(Subsystem):
@@ -30,6 +37,7 @@ class Plugin(Subsystem):
     def services(self) -> list["Service"]:
         svcs = self.__dict__.get("_svcs")
         if svcs is None:
+            from hkgpu_tune.serve.config import services
             ts = services(self.profile)
             if not ts:
                 raise HkError("triton: the profile has no triton section")
@@ -42,6 +50,7 @@ class Plugin(Subsystem):
         """The profile's one service (an error naming the units where there are several)."""
         svcs = self.services
         if len(svcs) > 1:
+            from hkgpu_tune.serve.config import section
             section(self.profile)   # raises, naming them
         return svcs[0].t
 
@@ -111,6 +120,7 @@ class Service(Subsystem):
         if t is None:
             if self._triton is None:
                 raise HkError("triton: the profile has no triton section")
+            from hkgpu_tune.serve.render import check_models
             self.__dict__["_t"] = t = check_models(self._triton)
         return t
 
@@ -130,6 +140,7 @@ class Service(Subsystem):
 
     def read(self) -> dict:
         from hkgpu_tune.serve import client, launch, render
+        from hkgpu_tune.serve.config import engine_facts
         t = self.t
         state = {"repository": render.repository_state(t, self.b), "service": launch.status(t, self.b),
                  "engines": {m.name: engine_facts(m) for m in t.models if m.engine},
@@ -533,7 +544,17 @@ def _check_service(c) -> None:
     fields.plain(c.desired, "desired")
 
 
+def _parse(node):
+    from hkgpu_tune.serve.services import parse_profile
+    return parse_profile(node)
+
+
+def _check_layout(profile) -> None:
+    from hkgpu_tune.serve.devices import check_layout
+    check_layout(profile)
+
+
 SPEC = Spec(name="triton", order=110, section="triton", plugin=Plugin, persist="unit",
-            sections={"triton": parse_profile},
-            checks=((("gpu",), check_layout),),   # MIG positions (triton.gpu, mps.gpus) against gpu.mig
+            sections={"triton": _parse},
+            checks=((("gpu",), _check_layout),),   # MIG positions (triton.gpu, mps.gpus) against gpu.mig
             types=(SettingType("triton.service", "triton", _check_service),))

@@ -39,7 +39,7 @@ class Engine:
             if bad:
                 raise HkError(f"--only: unknown subsystem {', '.join(bad)} "
                               f"(have: {', '.join(subsystems.ORDER)})")
-        # import only the subsystems this run needs: a section the profile lacks costs nothing
+        # only the subsystems this run needs: a section the profile lacks costs nothing (their modules are light)
         names = [n for n in subsystems.for_sections(profile.sections) if not only or n in only]
         self.subs = [subsystems.get(n)(profile, self.b) for n in names]
         self.by_name = {s.name: s for s in self.subs}
