@@ -5,8 +5,9 @@ section table is filled from above: the package's facade (hkgpu_tune/__init__.py
 before any module of the package) adds a loader, and the first parse runs it. The loader takes
 each subsystem's sections from its SPEC and the sections of observe/ and baseline/.
 
->>> sorted(table())[:3]
-['affinity', 'baseline', 'export']
+>>> from hkgpu_tune.core import sections
+>>> sections.table()["cpufreq"].__module__
+'hkgpu_tune.subsystems.cpufreq'
 """
 from __future__ import annotations
 

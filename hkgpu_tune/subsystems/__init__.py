@@ -4,9 +4,10 @@ parser, setting types, apply order, persistence, network-namespace scope). Every
 subsystems in the package derives from here; a module without a complete SPEC fails the first
 lookup, and tests/unit/test_registry.py.
 
->>> ORDER[:3]
+>>> from hkgpu_tune import subsystems
+>>> subsystems.ORDER[:3]
 ['sysctl', 'link', 'ethtool']
->>> SECTION["qdisc"]
+>>> subsystems.SECTION["qdisc"]
 'network'
 """
 from __future__ import annotations
