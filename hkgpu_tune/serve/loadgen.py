@@ -357,7 +357,9 @@ def _triton_stats(spec: LoadSpec) -> dict | None:
     out = dict.fromkeys(want, 0.0)
     gpu_util = []
     try:
-        for (name, labels), v in client.metrics(spec.host, spec.metrics_port).items():
+        text = client.metrics_text(spec.host, spec.metrics_port)
+        at = time.time()   # the figures are Triton's of a moment before: not after the answer came
+        for (name, labels), v in client.parse_metrics(text).items():
             lab = dict(labels)
             if name in out and lab.get("model") == spec.model:
                 out[name] += v
@@ -366,6 +368,7 @@ def _triton_stats(spec: LoadSpec) -> dict | None:
     except HkError:
         return None
     out["gpu_util"] = gpu_util
+    out["at"] = at
     return out
 
 
@@ -515,12 +518,17 @@ def run(spec: LoadSpec) -> dict:
         **spec.labels,
     }
     if before and after:
-        d = {k: after[k] - before[k] for k in before if k != "gpu_util"}
+        d = {k: after[k] - before[k] for k in before if k not in ("gpu_util", "at")}
         n = d["nv_inference_request_success"] or 1
+        # a duration load: Triton's rate from its first reading (however late this process took it)
+        # to its second or the window's end, whichever came first (no load after it); a requests
+        # load's count is that of the counted requests, over their span
+        end = start_at + spec.warmup_s + spec.duration_s
+        secs = duration if spec.requests else max(1e-6, min(after["at"], end) - before["at"])
         out["server"] = {
             "requests": d["nv_inference_request_success"],
             "failures": d["nv_inference_request_failure"],
-            "req_s": round(d["nv_inference_request_success"] / duration, 1),
+            "req_s": round(d["nv_inference_request_success"] / secs, 1),
             "avg_batch": round(d["nv_inference_count"] / d["nv_inference_exec_count"], 2)
             if d["nv_inference_exec_count"] else 0.0,
             "queue_us": round(d["nv_inference_queue_duration_us"] / n, 1),

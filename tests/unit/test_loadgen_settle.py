@@ -2,7 +2,8 @@
 Triton that shows both of its timing habits: a backend counts a request some time after sending its
 answer, and a /metrics read takes a while (its figures are those at the end of the read). Triton's
 count must cover every request the client counted: the figures before the counted requests are read
-before the first one is sent, and those after once the count has caught up."""
+before the first one is sent, and those after once the count has caught up. A duration load's server
+rate is over the time between Triton's readings, however late they came."""
 from __future__ import annotations
 
 import threading
@@ -93,3 +94,15 @@ def test_a_count_that_never_catches_up_is_marked(fake, monkeypatch):
     assert r["requests"] == N and r["server"]["requests"] == 0 and r["server"]["settled"] is False, r
     assert time.monotonic() - t0 < 10
     assert f"(Triton had counted 0 of the {N} answered after 0.5 s)" in loadgen.line(r), loadgen.line(r)
+
+
+@pytest.mark.parametrize("fake", [0.0], indirect=True)
+def test_a_duration_loads_server_rate_is_over_its_own_readings(fake):
+    """The first reading comes METRICS_READ_S late into a 1.5 s window: Triton's count misses the
+    window's start, and its rate is still the client's."""
+    s = spec(fake)
+    s.requests, s.duration_s = None, 1.5
+    r = loadgen.run(s)
+    assert r["errors"] == 0 and r["requests"] > 0, r
+    assert r["server"]["requests"] < r["requests"], (r["server"], r["requests"])   # its window is shorter
+    assert r["server"]["req_s"] == pytest.approx(r["req_s"], rel=0.1), (r["server"], r["req_s"])
