@@ -73,3 +73,17 @@ def processes(match) -> list:
         except psutil.Error:
             continue
     return out
+
+
+def gone(pid: int, started: float | None = None) -> bool:
+    """The process exited: no such pid, a zombie its parent has not reaped yet, or (with `started`, its
+    psutil create_time) a pid the kernel has since given to another process. Never raises for a
+    process that exits while it is read."""
+    import psutil
+    try:
+        p = psutil.Process(pid)
+        return p.status() == psutil.STATUS_ZOMBIE or (started is not None and p.create_time() != started)
+    except psutil.NoSuchProcess:   # ZombieProcess too (a subclass): exited
+        return True
+    except psutil.AccessDenied:    # there, and not ours to read: alive
+        return False

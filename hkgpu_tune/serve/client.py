@@ -213,12 +213,17 @@ def metrics_text(host: str, port: int, timeout: float = 5.0) -> str:
 
 def metrics(host: str, port: int) -> dict[tuple[str, tuple], float]:
     """Triton's /metrics as {(sample name, sorted labels): value}, parsed by prometheus_client."""
+    return parse_metrics(metrics_text(host, port))
+
+
+def parse_metrics(text: str) -> dict[tuple[str, tuple], float]:
+    """A /metrics text as {(sample name, sorted labels): value}, parsed by prometheus_client."""
     try:
         from prometheus_client.parser import text_string_to_metric_families
     except ImportError:
         raise HkError("triton: reading /metrics needs prometheus-client (pip install 'hkgpu-tune[triton]')") from None
     out = {}
-    for fam in text_string_to_metric_families(metrics_text(host, port)):
+    for fam in text_string_to_metric_families(text):
         for s in fam.samples:
             # the parser names counter samples NAME_total; Triton's own names have no suffix
             name = fam.name if fam.type == "counter" and s.name == fam.name + "_total" else s.name

@@ -38,6 +38,10 @@ BUSY_PROCESS = 0.9
 # ... or it got the CPU this late on average (ms) while its mean latency was 1.5 x Triton's own
 # mean time per request or more (without Triton's figures: the lag a quarter of the p50 or more)
 LATE_LOOP_MS = 2.0
+# a backend reports a request to Triton's statistics after sending its answer: the client may see the
+# last answers before Triton counts them. The figures are read once Triton's count covers every request
+# the client counted, waiting at most this long (then read as they are, marked not settled)
+SETTLE_S = 5.0
 SIZES = {"FP16": 2, "FP32": 4, "FP64": 8, "INT8": 1, "UINT8": 1, "INT16": 2, "INT32": 4, "INT64": 8,
          "BF16": 2, "BOOL": 1}
 
@@ -221,9 +225,11 @@ def _grpc_caller(spec: LoadSpec):
     return connect
 
 
-def _threads(spec: LoadSpec, idx: int, start_at: float, region: str | None) -> dict:
+def _threads(spec: LoadSpec, idx: int, start_at: float, region: str | None, counting=None) -> dict:
     """The closed loop in one process: a thread per request in flight, each with a keep-alive
-    connection; a ticker thread measures how late this process gets the CPU (its lag)."""
+    connection; a ticker thread measures how late this process gets the CPU (its lag). With
+    spec.requests, the counted requests start once `counting` (an Event) is set: the caller has read
+    Triton's figures before any of them; until then the warm-up's load goes on."""
     import http.client
     import threading
     path, body, headers = _request(spec, region)
@@ -240,6 +246,7 @@ def _threads(spec: LoadSpec, idx: int, start_at: float, region: str | None) -> d
     errors, first_error, sent, span = [0], [""], [0], [math.inf, 0.0]
     done_all = threading.Event()
     clock = time.time   # the processes share one start time: wall clock, not monotonic
+    started = [counting is None]
 
     def take() -> tuple[bool, bool]:
         """(send one more, count it): the warm-up's requests at the same load are not counted."""
@@ -247,6 +254,10 @@ def _threads(spec: LoadSpec, idx: int, start_at: float, region: str | None) -> d
             if spec.requests:
                 if clock() < win0:
                     return True, False
+                if not started[0]:
+                    started[0] = counting.is_set()
+                    if not started[0]:
+                        return True, False
                 if left[0] <= 0:
                     return False, False
                 left[0] -= 1
@@ -319,11 +330,11 @@ def _threads(spec: LoadSpec, idx: int, start_at: float, region: str | None) -> d
             "cpu_s": cpu, "wall_s": wall, "lag": lags.tobytes(), "span": span}
 
 
-def _worker(spec_d: dict, idx: int, start_at: float, region: str | None, q) -> None:
+def _worker(spec_d: dict, idx: int, start_at: float, region: str | None, q, counting=None) -> None:
     try:
         spec = LoadSpec(**spec_d)
         if spec.rate is None:
-            q.put((idx, _threads(spec, idx, start_at, region)))
+            q.put((idx, _threads(spec, idx, start_at, region, counting)))
             return
         try:
             import uvloop
@@ -346,7 +357,9 @@ def _triton_stats(spec: LoadSpec) -> dict | None:
     out = dict.fromkeys(want, 0.0)
     gpu_util = []
     try:
-        for (name, labels), v in client.metrics(spec.host, spec.metrics_port).items():
+        text = client.metrics_text(spec.host, spec.metrics_port)
+        at = time.time()   # the figures are Triton's of a moment before: not after the answer came
+        for (name, labels), v in client.parse_metrics(text).items():
             lab = dict(labels)
             if name in out and lab.get("model") == spec.model:
                 out[name] += v
@@ -355,7 +368,20 @@ def _triton_stats(spec: LoadSpec) -> dict | None:
     except HkError:
         return None
     out["gpu_util"] = gpu_util
+    out["at"] = at
     return out
+
+
+def _settled(spec: LoadSpec, before: dict, answered: int) -> tuple[dict | None, bool]:
+    """Triton's figures once its success count since `before` covers the `answered` requests the
+    client saw succeed (at most SETTLE_S later); (figures, whether they cover them)."""
+    t_end = time.monotonic() + SETTLE_S
+    while True:
+        after = _triton_stats(spec)
+        ok = after is not None and after["nv_inference_request_success"] - before["nv_inference_request_success"] >= answered
+        if ok or after is None or time.monotonic() >= t_end:
+            return after, ok
+        time.sleep(0.05)
 
 
 class SharedInput:
@@ -408,16 +434,19 @@ def run(spec: LoadSpec) -> dict:
     region = SharedInput(spec) if spec.shm else None
     ctx = multiprocessing.get_context("fork")   # no re-import of the caller's __main__
     q = ctx.Queue()
+    counting = ctx.Event()   # requests mode: set once Triton's figures before the counted requests are read
     # the workers import their modules before the common start time
     start_at = time.time() + 0.5 + 0.05 * spec.processes
-    procs = [ctx.Process(target=_worker, args=(asdict(spec), i, start_at, region and region.name, q), daemon=True)
-             for i in range(spec.processes)]
+    procs = [ctx.Process(target=_worker, args=(asdict(spec), i, start_at, region and region.name, q, counting),
+                         daemon=True) for i in range(spec.processes)]
+    settled = None
     try:
         for p in procs:
             p.start()
         if spec.requests:   # Triton's figures from the end of the warm-up to the last answer
             time.sleep(max(0.0, start_at + spec.warmup_s - time.time()))
             before = _triton_stats(spec)
+            counting.set()   # read before any counted request was sent, however late this process ran
             psutil.cpu_percent(None)
         else:
             time.sleep(max(0.0, start_at + spec.warmup_s - time.time()))
@@ -441,7 +470,8 @@ def run(spec: LoadSpec) -> dict:
             p.join(5)
         if spec.requests:
             machine_cpu = psutil.cpu_percent(None)
-            after = _triton_stats(spec)
+            answered = sum(len(r.get("lat", b"")) // 8 for r in parts.values())
+            after, settled = _settled(spec, before, answered) if before else (None, None)
     finally:
         for p in procs:
             if p.is_alive():
@@ -488,12 +518,17 @@ def run(spec: LoadSpec) -> dict:
         **spec.labels,
     }
     if before and after:
-        d = {k: after[k] - before[k] for k in before if k != "gpu_util"}
+        d = {k: after[k] - before[k] for k in before if k not in ("gpu_util", "at")}
         n = d["nv_inference_request_success"] or 1
+        # a duration load: Triton's rate from its first reading (however late this process took it)
+        # to its second or the window's end, whichever came first (no load after it); a requests
+        # load's count is that of the counted requests, over their span
+        end = start_at + spec.warmup_s + spec.duration_s
+        secs = duration if spec.requests else max(1e-6, min(after["at"], end) - before["at"])
         out["server"] = {
             "requests": d["nv_inference_request_success"],
             "failures": d["nv_inference_request_failure"],
-            "req_s": round(d["nv_inference_request_success"] / duration, 1),
+            "req_s": round(d["nv_inference_request_success"] / secs, 1),
             "avg_batch": round(d["nv_inference_count"] / d["nv_inference_exec_count"], 2)
             if d["nv_inference_exec_count"] else 0.0,
             "queue_us": round(d["nv_inference_queue_duration_us"] / n, 1),
@@ -503,6 +538,8 @@ def run(spec: LoadSpec) -> dict:
             "request_us": round(d["nv_inference_request_duration_us"] / n, 1),
             "gpu_util_pct": after["gpu_util"],
         }
+        if settled is not None:   # requests mode: whether Triton's count covers every request answered
+            out["server"]["settled"] = settled
     out["client_bound"] = client_bound(out)
     return out
 
@@ -550,4 +587,6 @@ def line(r: dict) -> str:
         sv = r["server"]
         s += (f"; server: batch {sv['avg_batch']}, queue {sv['queue_us'] / 1000:.2f} ms, "
               f"compute {sv['compute_infer_us'] / 1000:.2f} ms per request")
+        if sv.get("settled") is False:
+            s += f" (Triton had counted {sv['requests']:.0f} of the {r['requests']} answered after {SETTLE_S:g} s)"
     return s

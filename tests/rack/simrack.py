@@ -11,6 +11,11 @@ under a lock in /run/hkrack, so two runs on one machine each get their own):
   hksim-K-nN:     a host; veth eth0 198.19.K.(10+N)/24, MTU 1500 at start, sshd on eth0:22
 Each host's /etc/hkgpu-tune, /etc/sysctl.d and /etc/systemd are its own (/etc/netns/NAME/...,
 bind-mounted by `ip netns exec`); its state dir and venv live under the run directory.
+`ip netns exec` skips a bind it cannot make (its target /etc/X absent) and carries on, and removing
+/etc/X detaches the binds over it in every namespace: either way a host writes the machine's own /etc.
+So the targets are made once and never removed (another run's hosts may be bound over them), each
+host's sshd is started with its whole /etc/netns/NAME tree in place, and every host is checked to see
+its own /etc (the sshd's, and each nsexec's) before it is used: a host that does not fails loudly.
 No default route: the hosts reach only the bridge and each other.
 (The names differ from the old hkrack-* ones, which an older copy of this file removes wholesale.)
 Clean-up removes only this run's rack, and racks whose owning process is gone (its pid and start
@@ -50,7 +55,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))   # run as a script t
 from tests.helpers import REPO, sh  # noqa: E402
 # /etc entries each host gets its own copy of; `ip netns exec` binds only over existing /etc/X
 PRIVATE_ETC = ("hkgpu-tune", "sysctl.d", "systemd")
-MARK = "/etc/netns/.hksim-created-etc.json"  # /etc dirs made for the bind mounts
 
 
 def host_names(n: int) -> list[str]:
@@ -113,6 +117,9 @@ def _remove(k: int, run: str | None = None) -> None:
             os.kill(int(pid), 15)
         except (ProcessLookupError, ValueError):
             pass
+    end = time.time() + 5     # gone before their /etc/netns trees are: none writes through a removed bind
+    while any(_start_ticks(int(p)) for p in pids if p.isdigit()) and time.time() < end:
+        time.sleep(0.05)
     for name in names:
         sh("ip", "netns", "del", name, check=False)
         shutil.rmtree(f"/etc/netns/{name}", ignore_errors=True)
@@ -194,21 +201,50 @@ Subsystem sftp internal-sftp
 
 
 def _private_etc(name: str) -> None:
-    with _locked():
-        _private_etc_locked(name)
-
-
-def _private_etc_locked(name: str) -> None:
-    created = json.load(open(MARK)) if os.path.exists(MARK) else []
+    """The host's whole /etc/netns/NAME tree, and the /etc/X targets its binds need (made here, never
+    removed: other runs' hosts may be bound over them)."""
     for e in PRIVATE_ETC:
-        if not os.path.exists(f"/etc/{e}"):
-            os.makedirs(f"/etc/{e}")          # the bind mount needs a target
-            created.append(f"/etc/{e}")
+        os.makedirs(f"/etc/{e}", exist_ok=True)
         os.makedirs(f"/etc/netns/{name}/{e}", exist_ok=True)
     # as on a real host: the unit directory and its wants directory exist
     os.makedirs(f"/etc/netns/{name}/systemd/system/multi-user.target.wants", exist_ok=True)
-    with open(MARK, "w") as f:
-        json.dump(created, f)
+
+
+def _etc_not_own(name: str, root: str) -> list[str]:
+    """The private /etc entries that a process whose root is `root` (/proc/PID/root) does not see as
+    this host's own (bound from /etc/netns/NAME): [] when it sees them all."""
+    bad = []
+    for e in PRIVATE_ETC:
+        try:
+            mine, seen = os.stat(f"/etc/netns/{name}/{e}"), os.stat(f"{root}/etc/{e}")
+        except OSError as err:
+            bad.append(f"/etc/{e} ({err.strerror})")
+            continue
+        if (mine.st_dev, mine.st_ino) != (seen.st_dev, seen.st_ino):
+            bad.append(f"/etc/{e} is the machine's own")
+    return bad
+
+
+def _sshd_pid(name: str, run: str, timeout: float = 10.0) -> int:
+    path = os.path.join(run, name, "sshd.pid")
+    end = time.time() + timeout
+    while True:
+        try:
+            with open(path) as f:
+                return int(f.read().split()[0])
+        except (OSError, IndexError, ValueError):
+            if time.time() > end:
+                raise RuntimeError(f"simrack: {name}: sshd wrote no pid file ({path})") from None
+            time.sleep(0.05)
+
+
+def check_private_etc(name: str, run: str) -> None:
+    """Fail loudly unless the host's sshd (and so every SSH session on it) sees its own /etc."""
+    pid = _sshd_pid(name, run)
+    bad = _etc_not_own(name, f"/proc/{pid}/root")
+    if bad:
+        raise RuntimeError(f"simrack: {name}: its sshd (pid {pid}) does not see its own /etc: {', '.join(bad)}; "
+                           "what it wrote there went to this machine's /etc")
 
 
 def _wait_ssh(addr: str, key: str, timeout=10.0) -> None:
@@ -301,12 +337,14 @@ def up(n: int = 4, run: str = RUN_DIR, python: str | None = sys.executable, owne
     names = host_names(n)
     for i, name in enumerate(names, 1):
         _netns_add(name, address(i), 1500)
-        _private_etc(name)
         os.makedirs(os.path.join(run, name, "var/lib/hkgpu-tune"), exist_ok=True)
         os.makedirs(os.path.join(run, name, "textfile"), exist_ok=True)
-        _sshd(name, address(i), run)
-    for i, _ in enumerate(names, 1):
+        with _locked():   # the binds' targets in place while its sshd's namespace is made
+            _private_etc(name)
+            _sshd(name, address(i), run)
+    for i, name in enumerate(names, 1):
         _wait_ssh(address(i), key)
+        check_private_etc(name, run)
     return inventory(n, run, python)
 
 
@@ -334,13 +372,6 @@ def down(run: str | None = None, quiet=False) -> None:
             os.unlink(os.path.join(CLAIMS, f"{k}.json"))
         except FileNotFoundError:
             pass
-        if not _claims() and os.path.exists(MARK):   # the /etc dirs made for the bind mounts: by the last rack
-            for e in json.load(open(MARK)):
-                try:
-                    os.rmdir(e)               # only if still empty
-                except OSError:
-                    pass
-            os.unlink(MARK)
     if run:
         shutil.rmtree(run, ignore_errors=True)
     if k == RACK:
@@ -349,9 +380,21 @@ def down(run: str | None = None, quiet=False) -> None:
         print("rack removed")
 
 
+# run inside a host before its command: exit NOT_OWN unless each private /etc entry is its own
+NOT_OWN = 125
+_OWN_ETC = ('for e in ' + " ".join(PRIVATE_ETC) + '; do [ /etc/$e -ef "/etc/netns/$0/$e" ] || '
+            '{ echo "simrack: $0: /etc/$e is the machine\'s own, not the host\'s" >&2; exit ' + str(NOT_OWN) + '; }; '
+            'done; exec "$@"')
+
+
 def nsexec(name: str, *argv, check=True):
-    """Run a command inside a simulated host (with its /etc)."""
-    return sh(*argv, ns=name, check=check)
+    """Run a command inside a simulated host (with its /etc: checked before the command runs)."""
+    r = sh("sh", "-c", _OWN_ETC, name, *argv, ns=name, check=False)
+    if r.returncode == NOT_OWN and r.stderr.startswith("simrack: "):
+        raise RuntimeError(r.stderr.strip())
+    if check and r.returncode:
+        raise subprocess.CalledProcessError(r.returncode, argv, r.stdout, r.stderr)
+    return r
 
 
 def snapshot(name: str) -> dict:

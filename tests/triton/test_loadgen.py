@@ -64,8 +64,9 @@ def test_closed_loop_counts_what_triton_counts(served, shm):
     assert 0 < r["p50_ms"] <= r["p95_ms"] <= r["p99_ms"] <= r["max_ms"]
     assert r["img_s"] == pytest.approx(r["requests"] / 1.5, rel=0.01)
     sv = r["server"]
-    # Triton's own count over the same window is close to the client's (the windows differ by one RTT)
-    assert sv["requests"] == pytest.approx(r["requests"], rel=0.25), (sv, r["requests"])
+    # Triton's own rate is close to the client's (its figures are read when this process gets to it:
+    # its window is not the client's, its rate is over its own)
+    assert sv["req_s"] == pytest.approx(r["req_s"], rel=0.25), (sv, r["req_s"])
     assert sv["avg_batch"] >= 1 and sv["compute_infer_us"] > 0
     assert r["client_cpu_cores"] > 0
     if shm:   # the region is unregistered and unlinked afterwards

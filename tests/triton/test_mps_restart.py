@@ -17,6 +17,7 @@ from hkgpu_tune.core.profile import parse_profile_text
 from hkgpu_tune.core.report import DRIFT, OK
 from hkgpu_tune.subsystems import triton
 from hkgpu_tune.serve import launch, render
+from tests.helpers import gone
 
 from .conftest import dump, free_ports, needs_server, profile_dict
 
@@ -45,14 +46,6 @@ def daemons(pipe: str) -> list[tuple[int, str, float]]:
             except psutil.Error:   # it exited since: not a daemon now
                 continue
     return out
-
-
-def gone(pid: int) -> bool:
-    """Exited: no such process, or one its new parent has not reaped yet (the daemon's parent is init)."""
-    try:
-        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return True
 
 
 @pytest.fixture

@@ -10,12 +10,12 @@ import sys
 import time
 import urllib.request
 
-import psutil
 import pytest
 
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.core.profile import parse_profile_text
 from hkgpu_tune.serve import launch
+from tests.helpers import gone
 
 from .conftest import DATA, dump, free_ports, profile_dict
 
@@ -100,7 +100,7 @@ def test_the_kill_comes_only_after_the_servers_exit_timeout_and_the_grace(tmp_pa
     rep = launch.stop(t)
     assert rep["how"] == how and rep["left"] == [] and rep["stopped"], rep
     assert seconds[0] <= rep["seconds"] < seconds[1] and rep["note"].startswith(note), rep
-    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert gone(pid)
 
 
 def test_the_unit_outlasts_the_servers_exit_timeout(tmp_path):

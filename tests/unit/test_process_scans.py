@@ -1,11 +1,11 @@
 """A scan of the machine's processes tolerates a process that exits in the middle of it (psutil raises
 NoSuchProcess, or AccessDenied for a reused pid). Read with Python's ast: in the package every loop
 over psutil.process_iter() reads each process inside a try that catches psutil's errors; the tests
-scan only through tests.helpers.processes."""
+scan only through tests.helpers.processes, and ask whether a process exited through tests.helpers.gone."""
 import ast
 import os
 
-from tests.helpers import processes
+from tests.helpers import gone, processes
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 
@@ -67,3 +67,17 @@ def test_the_helper_skips_a_process_that_vanishes_mid_scan():
             raise psutil.NoSuchProcess(p.pid)   # what psutil raises for a process gone since listed
         return True
     assert [p.pid for p in processes(match)] == [me]
+
+
+def test_gone_reads_an_exited_process_without_raising():
+    import subprocess
+    import psutil
+    me = psutil.Process()
+    assert not gone(me.pid) and not gone(me.pid, me.create_time())
+    assert gone(me.pid, me.create_time() - 1)   # the pid, given to another process since
+    p = subprocess.Popen(["true"])
+    while psutil.Process(p.pid).status() != psutil.STATUS_ZOMBIE:   # exited, not reaped yet
+        pass
+    assert gone(p.pid)
+    p.wait()
+    assert gone(p.pid)                           # reaped: no such process
