@@ -14,6 +14,8 @@ pytest.importorskip("ansible_runner", reason="rack needs ansible-runner (pip ins
 if not shutil.which("ansible-playbook", path=os.path.dirname(sys.executable) + os.pathsep + os.environ["PATH"]):
     pytest.skip("ansible-playbook is not installed", allow_module_level=True)
 
+# real ansible-playbook runs (several per test): over 5 s on a quiet machine, not the fast tier
+pytestmark = pytest.mark.slow
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PASSWORD = "correct horse"
 PLAYBOOK = """\
