@@ -25,9 +25,10 @@ OLD = "name: node\ndescription: the node before this run\n"
 
 
 def applied_settings(net) -> dict:
-    """settings(), but a child qdisc's handle, which the kernel numbers anew at each apply, left out."""
+    """settings(), but a child qdisc's handle, which the kernel numbers anew at each apply, left out
+    (and the children in any order)."""
     out = settings(net)
-    out["qdisc"] = re.sub(r"(qdisc \S+) [0-9a-f]+: parent", r"\1 parent", out["qdisc"])
+    out["qdisc"] = sorted(re.sub(r"(qdisc \S+) [0-9a-f]+: parent", r"\1 parent", out["qdisc"]).splitlines())
     return out
 
 
