@@ -74,3 +74,22 @@ def test_a_refused_metrics_write_is_one_line_and_keeps_the_exit_status(tmp_path)
     assert p.returncode == 1 and "Traceback" not in p.stderr, p.stderr
     assert "hkgpu-tune-pull: metrics: " in p.stderr and "owned by uid 65534" in p.stderr, p.stderr
     assert "FAILED at fetch" in p.stdout and os.listdir(d) == []
+
+
+def test_a_half_made_refs_repository_does_not_stop_every_later_pull(tmp_path):
+    """A first run killed while `git init` made pull/refs.git (an empty directory left): every
+    later run failed its fetch and the node never pulled again. The next run completes it."""
+    src = tmp_path / "site"
+    src.mkdir()
+    git = ["git", "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q", "-b", "main", str(src)], check=True, timeout=30)
+    subprocess.run([*git, "-C", str(src), "commit", "-q", "--allow-empty", "-m", "site"], check=True, timeout=30)
+    (tmp_path / "pull" / "refs.git").mkdir(parents=True)   # what the killed run left
+    d = tmp_path / "textfile"
+    d.mkdir(mode=0o755)
+    argv = [sys.executable, SCRIPT, "--repo", str(src), "--branch", "main", "--name", "n1", "--canary",
+            "--playbook", "site.yml", "--inventory", "hosts.yml", "--dir", str(tmp_path / "pull"),
+            "--textfile-dir", str(d), "--ansible-pull", "/bin/true"]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": ROOT})
+    assert p.returncode == 0 and "converged" in p.stdout, p.stdout + p.stderr
+    assert 'hkgpu_pull_success{stage="done"} 1' in (d / "hkgpu-pull.prom").read_text()
