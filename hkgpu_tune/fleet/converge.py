@@ -231,9 +231,12 @@ def converge(sections: dict | None, check: bool, *, profile: str | None = None, 
             raise ConvergeFailed(rep.error + (" (rolled back)" if rep.rolled_back else ""), out)
         # written only now the apply went through: a run killed or failed before this point leaves
         # the node profile as it was, never naming settings the host does not have
-        if file_changed:
-            os.makedirs(os.path.dirname(profile_path) or ".", mode=0o755, exist_ok=True)
-            atomic_write(profile_path, text, mode=0o644)
+        if text is not None:
+            # merged again: another converge (another role's sections) may have written it meanwhile
+            _, text, now, _ = merge_sections(sections, profile_path)
+            if text != now:
+                os.makedirs(os.path.dirname(profile_path) or ".", mode=0o755, exist_ok=True)
+                atomic_write(profile_path, text, mode=0o644)
         if persist and (out["changed"] or _needs_persist(text, root)):
             from hkgpu_tune.tune.persist import persist as do_persist
             full = Engine(parse_profile_text(text, profile_path) if text else prof, state_dir=state_dir, backends=eng.b,

@@ -3,6 +3,7 @@ left in node.yaml (the boot unit and the next verify read it as what the host sh
 import os
 
 import pytest
+import yaml
 
 from hkgpu_tune.core.errors import ApplyError
 from hkgpu_tune.fleet.converge import ConvergeFailed, converge
@@ -43,3 +44,24 @@ def test_a_rolled_back_converge_puts_node_yaml_back(tmp_path, before):
         assert not node.exists()
     else:
         assert node.read_text() == before and node.stat().st_ino == ino
+
+
+def test_sections_another_converge_wrote_during_this_apply_are_kept(tmp_path):
+    """Two converges at once (the pull timer's and a pushed play, each with its role's sections):
+    the node profile is written after the apply, so it is merged again then; the sections the other
+    run wrote meanwhile stay (before, this run's text, merged before its apply, dropped them)."""
+    node = tmp_path / "node.yaml"
+    node.write_text("name: node\n")
+    b = host()
+    real = b.sysctl.write
+    other = "name: node\nnetwork:\n  fabric_peers: [198.18.0.2]\n"
+
+    def write(key, value, *a, **k):
+        node.write_text(other)   # the other run finished while this one applied
+        return real(key, value, *a, **k)
+    b.sysctl.write = write
+    converge({"sysctl": {"net.core.rmem_max": 268435456}}, False, profile_path=str(node),
+             state_dir=str(tmp_path / "st"), host_dir=str(tmp_path / "host"), backends=b)
+    doc = yaml.safe_load(node.read_text())
+    assert doc["network"] == {"fabric_peers": ["198.18.0.2"]}, node.read_text()
+    assert doc["sysctl"] == {"net.core.rmem_max": 268435456}, node.read_text()
