@@ -84,7 +84,7 @@ def run_mig_env(ctx: Context) -> int:
     MPS daemon): the layout the boot unit re-created has new UUIDs, the position finds the device."""
     import os
     import re
-    from hkgpu_tune.core.fsutil import atomic_write
+    from hkgpu_tune.core.fsutil import atomic_write, ensure_trusted_dir
     from hkgpu_tune.serve.devices import MIG_RE, POS_WHAT, ENV_DIR, host_nvml, is_mig, resolve
 
     args = ctx.args
@@ -93,6 +93,9 @@ def run_mig_env(ctx: Context) -> int:
     path = os.path.abspath(args.file)
     if os.path.dirname(path) != ENV_DIR or not re.fullmatch(r"mig-[A-Za-z0-9_.@-]{1,200}\.env", os.path.basename(path)):
         raise HkError(f"mig-env: {args.file}: expected {ENV_DIR}/mig-<unit>.env")
+    # the unit's EnvironmentFile: a directory another user could write would let them set the
+    # service's environment (LD_PRELOAD=...); checked before anything else is done
+    ensure_trusted_dir(ENV_DIR, "MIG environment directory")
     nvml = host_nvml()
     try:
         uuid = resolve(nvml, args.position)
@@ -100,7 +103,6 @@ def run_mig_env(ctx: Context) -> int:
         nvml.close()
     if not re.fullmatch(MIG_RE, uuid):
         raise HkError(f"mig-env: {args.position}: NVML gave {uuid!r}, not a MIG device UUID")
-    os.makedirs(ENV_DIR, mode=0o755, exist_ok=True)
     atomic_write(path, f"CUDA_VISIBLE_DEVICES={uuid}\n", mode=0o644)
     if args.json:
         ctx.dump({"position": args.position, "uuid": uuid, "file": path}, profile=None)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import stat
 
 from hkgpu_tune.core.errors import HkError, ProfileError
@@ -157,7 +158,8 @@ def _rollback(check: bool, state_dir: str, only: list[str] | None = None, host_d
 
 def converge(sections: dict | None, check: bool, *, profile: str | None = None, profile_path: str = NODE_PROFILE,
              only: list[str] | None = None, state: str = "applied", state_dir: str = STATE_DIR,
-             host_dir: str | None = None, files=(), fail_on_drift: bool = True, persist: bool = False, backends=None) -> dict:
+             host_dir: str | None = None, files=(), fail_on_drift: bool = True, persist: bool = False, backends=None,
+             root: str = "/") -> dict:
     """Bring the node to the profile, or report how far it is from it.
 
     sections: profile sections merged into the node profile at `profile_path` (None: use
@@ -167,10 +169,14 @@ def converge(sections: dict | None, check: bool, *, profile: str | None = None, 
     Returns {"changed", "diff", "results", "failures", "changes", ...}. Raises ProfileError for
     a bad profile (nothing written), ConvergeFailed (with `.result`) when the run failed.
     host_dir: the host lock and registry of journals (None: the host's own; tune/host.py).
+    root: where `persist` writes its files ("/" on a node; another directory in tests, like
+    `apply --persist --root`).
     """
     if state not in STATES:
         raise HkError(f"state: expected one of {', '.join(STATES)}, got {state!r}")
     if state == "rolled_back":
+        if not check:
+            _drop_dead_temps(profile_path)   # a converge killed while writing the node profile
         return _rollback(check, state_dir, only, host_dir)
 
     text = old = None
@@ -213,29 +219,29 @@ def converge(sections: dict | None, check: bool, *, profile: str | None = None, 
             unfixable = [r for r in res if r.failed and r.write is None]
             out.update(results=[r.to_dict() for r in res], failures=[r.to_dict() for r in unfixable])
             return out
-        if file_changed:
-            os.makedirs(os.path.dirname(profile_path) or ".", mode=0o755, exist_ok=True)
-            atomic_write(profile_path, text, mode=0o644)
+        if text is not None:
+            _drop_dead_temps(profile_path)
         # nothing to write: the plan's comparison is the verify result (no second read)
-        try:
-            rep = eng.apply() if changes else ApplyReport(results=res)
-        except BaseException:
-            if file_changed:   # nothing applied: the node profile says what the host has, as before
-                _put_back(profile_path, old)
-            raise
+        rep = eng.apply() if changes else ApplyReport(results=res)
         out.update(results=[r.to_dict() for r in rep.results], failures=[r.to_dict() for r in rep.results if r.failed],
                    changes=[c.to_dict() for c in rep.changes])
         if rep.error:
+            # the node profile was not written: the failed sections are never in it
             out["rolled_back"] = rep.rolled_back
-            if file_changed and rep.rolled_back:   # the failed sections never stay in node.yaml
-                _put_back(profile_path, old)
-                out["profile_restored"] = profile_path
             raise ConvergeFailed(rep.error + (" (rolled back)" if rep.rolled_back else ""), out)
-        if persist and (out["changed"] or _needs_persist(text)):
+        # written only now the apply went through: a run killed or failed before this point leaves
+        # the node profile as it was, never naming settings the host does not have
+        if text is not None:
+            # merged again: another converge (another role's sections) may have written it meanwhile
+            _, text, now, _ = merge_sections(sections, profile_path)
+            if text != now:
+                os.makedirs(os.path.dirname(profile_path) or ".", mode=0o755, exist_ok=True)
+                atomic_write(profile_path, text, mode=0o644)
+        if persist and (out["changed"] or _needs_persist(text, root)):
             from hkgpu_tune.tune.persist import persist as do_persist
             full = Engine(parse_profile_text(text, profile_path) if text else prof, state_dir=state_dir, backends=eng.b,
                           host_dir=host_dir)
-            out["persisted"] = do_persist(full, "/", profile_path=profile_path if text else prof.path)
+            out["persisted"] = do_persist(full, root, profile_path=profile_path if text else prof.path)
         if out["failures"]:
             out["failed_check"] = "apply"
             raise ConvergeFailed(f"{len(out['failures'])} setting(s) failed after apply: "
@@ -245,23 +251,42 @@ def converge(sections: dict | None, check: bool, *, profile: str | None = None, 
         eng.b.close()
 
 
-def _put_back(path: str, old: str | None) -> None:
-    """The node profile as it was before this run (removed where there was none)."""
-    if old is None:
+def _drop_dead_temps(path: str) -> None:
+    """Temporary files atomic_write left beside the node profile when a run was killed between
+    making and renaming one (.NAME.PID.N.tmp): only those whose writer is gone, regular files only."""
+    d, name = os.path.split(path)
+    try:
+        names = os.listdir(d or ".")
+    except OSError:
+        return
+    for n in names:
+        m = re.fullmatch(rf"\.{re.escape(name)}\.([0-9]+)\.[0-9]+\.tmp", n)
+        if not m or _alive(int(m[1])):
+            continue
+        t = os.path.join(d, n)
         try:
-            os.unlink(path)
-        except FileNotFoundError:
+            if stat.S_ISREG(os.lstat(t).st_mode):
+                os.unlink(t)
+        except OSError:
             pass
-    else:
-        atomic_write(path, old, mode=0o644)
 
 
-def _needs_persist(text) -> bool:
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, OverflowError):
+        return True
+    return True
+
+
+def _needs_persist(text, root: str = "/") -> bool:
     """The persisted copy of the node profile is missing or older than the node profile."""
     from hkgpu_tune.tune.persist import PROFILE_FILE
     if text is None:
         return False
     try:
-        return _read("/" + PROFILE_FILE) != text
+        return _read(os.path.join(root, PROFILE_FILE)) != text
     except ProfileError:
         return True

@@ -180,6 +180,7 @@ class Writer:
             hashes = [x for x in e.desired["sha256"] if x != h][-15:] + [h]
             c = Change("persist", path, "file", e.current, {"sha256": hashes}, {})
         self.j.update(c)    # on disk before the file changes
+        _drop_temps(path)   # a run killed while writing it left one (under the lock: no one else writes it)
         atomic_write(path, data, mode)
         self.j.wrote(c)
         return path
@@ -438,7 +439,6 @@ def _persist(engine, profile, root, profile_path) -> list[str]:
         text = profile_text(profile)   # checked before anything is written
         if "sysctl" in engine.by_name and (profile.sysctl or profile.section("tcp_buffers")):
             done.append("sysctl: " + w.write(SYSCTL_FILE, sysctl_conf(profile, results)))
-        done.append("profile: " + w.write(PROFILE_FILE, text))
         # MTU: into the owner's configuration where a manager owns the link
         # settings the kernel or driver forgets at reboot (MPS and Triton have units of their own)
         from hkgpu_tune import subsystems
@@ -459,8 +459,11 @@ def _persist(engine, profile, root, profile_path) -> list[str]:
             devices = [ln["name"] for ln, _, _ in owners] if "link" in engine.by_name else []
             done.append("unit: " + w.write(UNIT_FILE, boot_unit(exe, only, devices)))
             done.append("enabled: " + w.link(WANTS_LINK, f"/{UNIT_FILE}"))
-            if root == "/" and os.path.isdir("/run/systemd/system"):
-                engine.b.cmd.run(["systemctl", "daemon-reload"])
+        # the profile copy last: converge persists again where it differs from the node profile, so
+        # a run killed before this point is finished by the next one (tests/hostile/test_kills_converge.py)
+        done.append("profile: " + w.write(PROFILE_FILE, text))
+        if only and root == "/" and os.path.isdir("/run/systemd/system"):
+            engine.b.cmd.run(["systemctl", "daemon-reload"])
     except OSError as e:
         raise HkError(f"persist: {e.filename or ''}: {e.strerror}", e.errno) from None
     return done
