@@ -23,6 +23,9 @@ def tree(digest, top: str) -> None:
                 continue
             p = os.path.join(d, f)
             digest.update(os.path.relpath(p, top).encode() + b"\0")
+            if not os.path.exists(p):        # a link to outside the tree that was not copied
+                digest.update(os.readlink(p).encode())
+                continue
             with open(p, "rb") as fh:
                 digest.update(hashlib.sha256(fh.read()).digest())
 
