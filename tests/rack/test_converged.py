@@ -53,14 +53,14 @@ def monkeypatch_module():
         yield mp
 
 
-def converge(site, ran=None, **kw):
+def converge(site, ran=None, extra=None, **kw):
     """site.yml on the rack; ran (a dict) gets host -> the names of the tasks that ran there."""
     def event(ev):
         d = ev.get("event_data") or {}
         if ran is not None and ev.get("event") in ("runner_on_ok", "runner_on_failed") and d.get("host"):
             ran.setdefault(d["host"], []).append(d.get("task"))
     return run_playbook("apply", site["inventory"], skip_tags=",".join(pullsite.SKIP_TAGS), on_event=event,
-                        timeout=900, **kw)
+                        extravars=extra or {}, timeout=900, **kw)
 
 
 def sysctl(host, key=KEY):
