@@ -6,6 +6,7 @@ unit tests of the shipped rule files; every dcgm-exporter name a rule reads is o
 counters."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -18,6 +19,7 @@ from hkgpu_tune.observe.collect.exporters import DUPLICATES
 
 ROOT = os.path.join(os.path.dirname(__file__), "..", "..")
 RULES = os.path.abspath(os.path.join(ROOT, "monitoring", "prometheus", "rules"))
+DASHBOARD = os.path.join(ROOT, "monitoring", "grafana", "hkgpu-tune.json")
 DEFAULT_COUNTERS = os.path.join(ROOT, "tests", "fixtures", "monitor", "dcgm-default-counters.txt")
 PROMTOOL = shutil.which("promtool")
 NAME = re.compile(r"\b((?:hkgpu_tune|node|nv|DCGM_FI)_[A-Za-z0-9_]+|hkgpu:[a-z0-9_:]+)")
@@ -65,8 +67,8 @@ def rules():
     return out
 
 
-def reads(rs) -> dict[str, set]:
-    """alert -> every series name it reads, through recording rules."""
+def expander(rs):
+    """names -> every series name they read, through the recording rules rs."""
     recorded = {r["record"]: set(NAME.findall(r["expr"])) for r in rs if "record" in r}
 
     def expand(names, seen=()):
@@ -77,6 +79,12 @@ def reads(rs) -> dict[str, set]:
             else:
                 out.add(n)
         return out
+    return expand
+
+
+def reads(rs) -> dict[str, set]:
+    """alert -> every series name it reads, through recording rules."""
+    expand = expander(rs)
     return {r["alert"]: expand(NAME.findall(r["expr"])) for r in rs if "alert" in r}
 
 
@@ -134,6 +142,62 @@ def test_alert_fires_from_either_source(tmp_path, alert, exporter):
                   "alert_rule_test": [{"eval_time": "35m", "alertname": alert, "exp_alerts": []}]})
     f = tmp_path / "t.yml"
     f.write_text(yaml.safe_dump({"rule_files": rule_files(), "evaluation_interval": "1m", "tests": tests},
+                                sort_keys=False))
+    p = subprocess.run([PROMTOOL, "test", "rules", str(f)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "SUCCESS" in p.stdout
+
+
+# ---------------------------------------------------------------- the dashboard
+EXPORTER_PREFIX = {"node_exporter": "node_", "dcgm_exporter": "DCGM_FI_"}
+
+
+def panels() -> dict[str, str]:
+    """title -> the panel's queries (collapsed rows keep their panels inside)."""
+    with open(DASHBOARD) as f:
+        d = json.load(f)
+    out = {}
+    for p in d["panels"]:
+        for sub in [p] + p.get("panels", []):
+            if sub.get("targets"):
+                out[sub["title"]] = " or ".join(t["expr"] for t in sub["targets"])
+    return out
+
+
+def test_every_panel_on_a_dropped_family_reads_the_exporter_too():
+    """A panel that reads only the export's series of a family goes blank where the exporter runs."""
+    expand = expander(rules())
+    blank, checked = [], set()
+    for title, expr in panels().items():
+        names = expand(set(NAME.findall(expr)))
+        for exporter, fams in DUPLICATES.items():
+            if names & fams:
+                checked.add(title)
+                if not any(n.startswith(EXPORTER_PREFIX[exporter]) for n in names):
+                    blank.append(f"{title!r} reads {sorted(names & fams)}, which the export leaves to {exporter}")
+    assert not blank, "\n".join(blank)
+    assert {"XID events", "GPU utilisation", "NIC drops/s"} <= checked, checked
+
+
+@pytest.mark.skipif(PROMTOOL is None, reason="needs promtool (Debian's prometheus package)")
+def test_the_xid_panel_has_a_row_per_gpu_and_xid_from_either_source(tmp_path):
+    """The export's count since boot on one node; dcgm-exporter's last XID (the gauge's value, 0:
+    none) on another: a row labelled with the XID for each GPU that had one, none for the GPU at 0."""
+    expr = panels()["XID events"].replace("$node", ".+")
+    n2 = 'site="hk_tko",rack="rack_tko_a01",node="tko-a01-n02"'
+    dcgm = 'UUID="GPU-{u}",device="nvidia{g}",modelName="NVIDIA H200",Hostname="tko-a01-n02",' \
+           f'job="dcgm",instance="10.41.1.12:9400",{n2}'
+    series = [(f'hkgpu_tune_xid_events{{gpu="1",xid="13",{NODE}}}', "2x10"),
+              (f'DCGM_FI_DEV_XID_ERRORS{{gpu="0",{dcgm.format(u="a", g=0)}}}', "79x10"),
+              (f'DCGM_FI_DEV_XID_ERRORS{{gpu="1",{dcgm.format(u="b", g=1)}}}', "0x10")]
+    want = [{"labels": f'hkgpu_tune_xid_events{{gpu="1",xid="13",{NODE}}}', "value": 2},
+            {"labels": f'hkgpu:dcgm_xid:last{{gpu="0",xid="79",uuid="GPU-a",{dcgm.format(u="a", g=0)}}}',
+             "value": 1}]
+    test = {"interval": "1m", "name": "XID panel",
+            "input_series": [{"series": s, "values": v} for s, v in series],
+            "promql_expr_test": [{"expr": expr, "eval_time": "5m", "exp_samples": want}]}
+    f = tmp_path / "t.yml"
+    f.write_text(yaml.safe_dump({"rule_files": rule_files(), "evaluation_interval": "1m", "tests": [test]},
                                 sort_keys=False))
     p = subprocess.run([PROMTOOL, "test", "rules", str(f)], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stdout + p.stderr
