@@ -97,3 +97,38 @@ def test_a_dependency_not_installed_here_is_left_to_the_node(shipped, tmp_path, 
     monkeypatch.setattr(ship.md, "distribution", fake)
     packed = [os.path.basename(p) for p in ship.dependencies(shipped["wheel"], str(tmp_path))]
     assert packed and not [p for p in packed if p.startswith("pyroute2")], packed
+
+
+def _wheel(path, body=b"x = 1\n"):
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("demo/__init__.py", body)
+        z.writestr("demo-1.0.dist-info/METADATA", "Name: demo\nVersion: 1.0\n")
+    return str(path)
+
+
+def test_the_node_gets_one_archive_of_the_wheel_and_the_wheelhouse(tmp_path):
+    """One copy per node (not one module run per wheel): the archive holds the wheel, deps/ and
+    extra/, with fixed owner, mode and date; a wheelhouse changes the install stamp, none keeps it."""
+    import tarfile
+    whl = _wheel(tmp_path / "demo-1.0-py3-none-any.whl")
+    house = tmp_path / "house"
+    (house / "sub").mkdir(parents=True)
+    _wheel(house / "other-2.0-py3-none-any.whl")
+    (house / "sub" / "more.whl").write_bytes(b"zz")
+    os.symlink("/etc/shadow", house / "planted.whl")
+    plain = ship.ship(str(tmp_path / "a"), whl, deps=False)
+    again = ship.ship(str(tmp_path / "b"), whl, deps=False)
+    withx = ship.ship(str(tmp_path / "c"), whl, deps=False, extra=str(house))
+    assert plain["sha1"] == again["sha1"] != withx["sha1"]
+    assert open(plain["bundle"], "rb").read() == open(again["bundle"], "rb").read()
+    with tarfile.open(withx["bundle"]) as t:
+        members = {m.name: m for m in t.getmembers()}
+    assert sorted(members) == ["demo-1.0-py3-none-any.whl", "extra/other-2.0-py3-none-any.whl", "extra/sub/more.whl"]
+    assert {(m.uid, m.gid, m.mode, m.mtime) for m in members.values()} == {(0, 0, 0o644, 0)}
+    with pytest.raises(ship.ShipError, match="hkgpu_install_wheelhouse: .*nowhere: no such directory"):
+        ship.ship(str(tmp_path / "d"), whl, deps=False, extra=str(tmp_path / "nowhere"))
+    old = os.path.join(tmp_path / "c", "bundle-old.tar")
+    open(old, "w").close()
+    os.utime(old, (1, 1))
+    ship.ship(str(tmp_path / "c"), whl, deps=False)
+    assert not os.path.exists(old) and os.path.exists(withx["bundle"])     # an hour old goes; a fresh one stays

@@ -2,14 +2,15 @@
 """The toolkit this controller runs, made ready for the nodes (run on the controller by hkgpu_install).
 
     python3 hkgpu_ship.py [--out DIR] [--wheel FILE]
-prints JSON: {"wheel": FILE, "deps": DIR, "sha1": ...}
+prints JSON: {"wheel": FILE, "deps": DIR, "sha1": ..., "bundle": TAR}
 
 - the hkgpu_tune wheel: FILE when given (a collection carries its own in the role's files/);
   else the hkgpu_tune this Python imports: from a source tree (pyproject.toml beside the
   package) it is built with `pip wheel`, from an installed wheel its files are packed again;
 - its dependencies (not the extras) as installed here, packed again with the tags of the
   wheels they came from, so that pip on the node takes only those that fit its Python and
-  platform and takes nothing from a package index.
+  platform and takes nothing from a package index;
+- all of it (and the files of --extra DIR) in one tar, so a node gets one copy, not one per file.
 Standard library only: the collection's controller may have no hkgpu_tune at all. Nothing is
 imported from hkgpu_tune (find_spec only locates it).
 """
@@ -28,7 +29,9 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
+import time
 import zipfile
 
 DIST = "hkgpu-tune"
@@ -216,7 +219,42 @@ def content_key(wheel: str) -> str:
     return h.hexdigest()
 
 
-def ship(out: str, wheel: str | None = None, deps: bool = True) -> dict:
+def bundle(out: str, key: str, members: list[tuple[str, str]]) -> str:
+    """One tar of (file, name in the tar), named by key; fixed owner, mode and date (the same
+    files give the same bytes). Other bundles in out an hour old are removed (a run beside this
+    one may still copy its own)."""
+    path = os.path.join(out, f"bundle-{key}.tar")
+    if not os.path.isfile(path):
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with tarfile.open(tmp, "w", format=tarfile.PAX_FORMAT) as t:
+            for src, name in members:
+                info = t.gettarinfo(src, arcname=name)
+                info.mtime, info.mode, info.uid, info.gid, info.uname, info.gname = 0, 0o644, 0, 0, "root", "root"
+                with open(src, "rb") as f:
+                    t.addfile(info, f)
+        os.replace(tmp, path)
+    for n in os.listdir(out):
+        old = os.path.join(out, n)
+        if n.startswith("bundle-") and n != os.path.basename(path) and time.time() - os.lstat(old).st_mtime > 3600:
+            os.unlink(old)
+    return path
+
+
+def _extra_files(extra: str) -> list[tuple[str, str]]:
+    """The regular files under extra (links and others left out), as (path, extra/relative name)."""
+    if not os.path.isdir(extra):
+        raise ShipError(f"hkgpu_install_wheelhouse: {extra}: no such directory")
+    out = []
+    for d, dirs, names in os.walk(extra):
+        dirs.sort()
+        for n in sorted(names):
+            p = os.path.join(d, n)
+            if os.path.isfile(p) and not os.path.islink(p):
+                out.append((p, "extra/" + os.path.relpath(p, extra)))
+    return out
+
+
+def ship(out: str, wheel: str | None = None, deps: bool = True, extra: str = "") -> dict:
     os.makedirs(out, exist_ok=True)
     if wheel:
         if not os.path.isfile(wheel):
@@ -230,7 +268,14 @@ def ship(out: str, wheel: str | None = None, deps: bool = True) -> dict:
     h = hashlib.sha1()
     for p in [wheel] + sorted(packed):
         h.update(os.path.basename(p).encode() + b"\0" + content_key(p).encode())
-    return {"wheel": wheel, "deps": where, "sha1": h.hexdigest(), "packed": [os.path.basename(p) for p in packed]}
+    members = [(wheel, os.path.basename(wheel))] + [(p, "deps/" + os.path.basename(p)) for p in sorted(packed)]
+    more = _extra_files(extra) if extra else []
+    for p, name in more:                  # no wheelhouse: the same sha1 as before there was one
+        with open(p, "rb") as f:
+            h.update(name.encode() + b"\0" + hashlib.sha256(f.read()).hexdigest().encode())
+    key = h.hexdigest()
+    return {"wheel": wheel, "deps": where, "sha1": key, "packed": [os.path.basename(p) for p in packed],
+            "bundle": bundle(out, key, members + more)}
 
 
 def main(argv=None) -> int:
@@ -239,11 +284,12 @@ def main(argv=None) -> int:
                     "$XDG_CACHE_HOME/hkgpu-tune/wheels, else ~/.cache/hkgpu-tune/wheels)")
     ap.add_argument("--wheel", help="this hkgpu_tune wheel rather than the one this Python imports")
     ap.add_argument("--no-deps", action="store_true", help="only the hkgpu_tune wheel")
+    ap.add_argument("--extra", default="", help="a directory of more wheels for the nodes (hkgpu_install_wheelhouse)")
     a = ap.parse_args(argv)
     try:
         out = a.out or os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"),
                                     "hkgpu-tune", "wheels")
-        print(json.dumps(ship(os.path.expanduser(out), a.wheel or None, deps=not a.no_deps)))
+        print(json.dumps(ship(os.path.expanduser(out), a.wheel or None, deps=not a.no_deps, extra=a.extra)))
     except (ShipError, OSError) as e:
         print(f"hkgpu_install: {e}", file=sys.stderr)
         return 1
