@@ -11,7 +11,7 @@ FAST=(tests/unit tests/hostile tests/gpu_unit)   # as tests/slow_check.py FAST_T
 args=()
 if [ "${1:-}" = "--fast" ]; then shift; args=(-m "not slow" "${FAST[@]}"); fi
 set +e
-"$PY" -m pytest -ra -p no:cacheprovider "${args[@]}" "$@"
+"$PY" -m pytest -ra -p no:cacheprovider --durations=30 "${args[@]}" "$@"   # the 30 slowest: where CI time goes
 rc=$?
 [ "$rc" -eq 5 ] && { echo "test.sh: no tests ran" >&2; exit 1; }
 exit $rc
