@@ -73,6 +73,9 @@ class Subsystem:
         """The checks of what this run wrote (`changes`), run by the engine after after_apply."""
         return []
 
+    def committed(self, changes: list[Change]) -> None:
+        """Every check of the apply passed: tidy what only its undo needed (Triton's newer model copies)."""
+
     def result(self, target, key, current, desired, status, reason="", **kw) -> Result:
         return Result(self.name, target, key, current, desired, status, reason, **kw)
 

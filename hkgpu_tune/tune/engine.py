@@ -124,6 +124,9 @@ class Engine:
                 for ck in s.checks(mine):
                     self._check(j, s.name, ck)
                 rep.notes += s.notes
+            checking = ""
+            for s in self.subs:   # the transaction stands
+                s.committed([c for c in j.written if c.subsystem == s.name])
         except HkError as e:
             rep.changes = j.this_run
             rep.error = str(e)
