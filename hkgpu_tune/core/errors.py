@@ -21,6 +21,16 @@ class ApplyError(HkError):
     """A write failed (the engine rolls back what it changed)."""
 
 
+class CheckFailed(ApplyError):
+    """A check of the apply's transaction failed (the MTU proof, the Triton gate): the engine undoes
+    every write of the run through its journal. `undone` is added to the message when the checked
+    subsystem's writes are all back; `undo_failed` leads its undo errors otherwise."""
+
+    def __init__(self, msg, undone: str = "", undo_failed: str = ""):
+        super().__init__(msg)
+        self.undone, self.undo_failed = undone, undo_failed
+
+
 class StateError(HkError):
     """The state file is missing, unreadable or not ours."""
 

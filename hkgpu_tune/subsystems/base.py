@@ -9,6 +9,16 @@ from hkgpu_tune.core.fields import SettingType
 from hkgpu_tune.core.report import DRIFT, Change, Result
 
 
+@dataclass(frozen=True)
+class Check:
+    """A check that the engine's transaction runs once the writes are done (the MTU proof, the
+    Triton gate). run() returns when it passes and raises an HkError with the reason when it fails
+    (CheckFailed to word the undo); the engine then undoes every write of the run, newest first,
+    through its one journal. A check never undoes anything itself."""
+    name: str
+    run: Callable[[], None]
+
+
 class Subsystem:
     """Base of a subsystem. A subclass sets `name` and implements read, compare and write.
 
@@ -56,7 +66,15 @@ class Subsystem:
         self.write(change.target, change.key, change.current, change.data)
 
     def after_apply(self, changes: list[Change]) -> None:
-        """Checks that need the whole batch in place (the MTU probe). Raise to roll back."""
+        """Bring live what needs the whole batch written (Triton's loads or one restart). Raise to
+        roll back; never undo here: the journal's entries are restored by restore()."""
+
+    def checks(self, changes: list[Change]) -> list[Check]:
+        """The checks of what this run wrote (`changes`), run by the engine after after_apply."""
+        return []
+
+    def committed(self, changes: list[Change]) -> None:
+        """Every check of the apply passed: tidy what only its undo needed (Triton's newer model copies)."""
 
     def result(self, target, key, current, desired, status, reason="", **kw) -> Result:
         return Result(self.name, target, key, current, desired, status, reason, **kw)

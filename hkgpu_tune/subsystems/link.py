@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import ipaddress
 
-from hkgpu_tune.core.errors import ApplyError, HkError
+from hkgpu_tune.core.errors import ApplyError, CheckFailed, HkError
 from hkgpu_tune.core.profile import parse_network
 from hkgpu_tune.core.match import could_match, find, identity, matched, matches, resolve  # noqa: F401 - matches/matched: one import site
 from hkgpu_tune.core.report import DRIFT, ERROR, OK, UNSUPPORTED
 from hkgpu_tune.core import fields
 from hkgpu_tune.core.fields import SettingType
-from hkgpu_tune.subsystems.base import Spec, Subsystem
+from hkgpu_tune.subsystems.base import Check, Spec, Subsystem
 
 # a don't-fragment ping of MTU - header bytes fills the MTU: IPv4 20 + ICMP 8, IPv6 40 + ICMPv6 8
 HEADER = {4: 28, 6: 48}
@@ -202,13 +202,17 @@ class Plugin(Subsystem):
                               "fabric peer is routed through it"))
         return out, fails
 
-    def after_apply(self, changes):
-        """Jumbo MTU stays only if every gateway and peer answers a don't-fragment ping that fills the
-        MTU of the interface carrying it (WAN peers at 1500), through that interface."""
+    def checks(self, changes):
+        """The MTU proof, a check of the apply's transaction: jumbo MTU stays only if every gateway
+        and peer answers a don't-fragment ping that fills the MTU of the interface carrying it (WAN
+        peers at 1500), through that interface. A failure undoes the whole run (the engine's journal)."""
         raised = [c for c in changes if c.key == "mtu" and not c.target.startswith("route ")
                   and c.applied and int(c.desired) > int(c.current or 0)]
         if not raised:
-            return
+            return []
+        return [Check("mtu proof", lambda: self._prove(raised))]
+
+    def _prove(self, raised):
         links = self.b.net.links()
         names = {c.target for c in raised}
         out, pre = self.targets(links, [ln for ln in links if ln["name"] in names])
@@ -221,7 +225,7 @@ class Plugin(Subsystem):
             if not self.ping(addr, size):
                 fails.append(f"{label} did not answer a {size}-byte don't-fragment ping via {ln['name']}")
         if fails:
-            raise ApplyError("MTU probe failed, the old MTU is restored: " + "; ".join(fails))
+            raise CheckFailed("MTU probe failed: " + "; ".join(fails), undone="the old MTU is restored")
 
     def probe(self) -> list:
         """Read-only probe of the live MTU (for verify --probe)."""

@@ -5,11 +5,11 @@ import re
 
 import os
 
-from hkgpu_tune.core.errors import ApplyError, HkError
+from hkgpu_tune.core.errors import CheckFailed, HkError
 from hkgpu_tune.core.report import DRIFT, ERROR, OK, UNSUPPORTED
 from hkgpu_tune.core import fields
 from hkgpu_tune.core.fields import SettingType
-from hkgpu_tune.subsystems.base import Spec, Subsystem
+from hkgpu_tune.subsystems.base import Check, Spec, Subsystem
 
 __all__ = ["Plugin", "Build", "Endpoint", "Gate", "Model", "Services", "Triton", "check_models", "parse_profile",
            "section", "services"]
@@ -75,18 +75,37 @@ class Plugin(Subsystem):
             return svcs[0].compare(state)
         return [r for s in svcs for r in s.compare(state["services"][s.t.unit])]
 
+    def plan(self, state=None):
+        changes, results = super().plan(state)
+        # a server's launch (unit, command) is written first, so the journal undoes it last: the
+        # previous server starts once every model directory is back, never on the new files
+        return sorted(changes, key=lambda c: c.key not in ("unit", "command")), results
+
     def write(self, target, key, value, data):
         self._of(data).write(target, key, value, data)
 
-    def after_apply(self, changes):
+    def _each(self, changes):
         svcs = self.services
         if len(svcs) == 1:
-            svcs[0].after_apply(changes)
-            return
-        for s in svcs:   # in profile order; a failed gate raises and the whole apply rolls back
+            return [(svcs[0], changes)] if changes else []
+        out = []
+        for s in svcs:   # in profile order
             mine = [c for c in changes if c.data.get("unit") == s.t.unit]
             if mine:
-                s.after_apply(mine)
+                out.append((s, mine))
+        return out
+
+    def after_apply(self, changes):
+        for s, mine in self._each(changes):
+            s.after_apply(mine)
+
+    def checks(self, changes):
+        # one gate per service; a failed one undoes the whole apply (the engine's journal)
+        return [ck for s, mine in self._each(changes) for ck in s.checks(mine)]
+
+    def committed(self, changes):
+        for s, mine in self._each(changes):
+            s.committed(mine)
 
     def restore(self, change):
         # from the saved record only: the profile may no longer name the service
@@ -105,8 +124,9 @@ class Service(Subsystem):
     against the profile (fixable: load), under MPS whether the server is an MPS client, metrics.
 
     A changed model is loaded into the running server (explicit model control, no restart) and
-    gated; when the load or the gate fails, the copy kept of the previous model directory is put
-    back and loaded again, and the apply fails saying so. restore() needs only the saved record."""
+    gated; when the load or the gate fails, the apply fails and the engine undoes it through its
+    journal: restore() of each change puts the copy kept of the previous model directory back and
+    loads it again (or restarts the previous server). restore() needs only the saved record."""
 
     name = "triton"
 
@@ -247,7 +267,7 @@ class Service(Subsystem):
         if not svc["active"]:
             res.append(self.result(target, "service", svc["state"], "running", DRIFT, svc.get("reason", ""),
                                    write="running", data={"service": ref}))
-            return res
+            return self._undo_order(res)
         res.append(self.result(target, "service", svc["state"], "running", OK, svc.get("reason", "")))
         if "process" in state:
             pr = state["process"]
@@ -286,6 +306,23 @@ class Service(Subsystem):
         met = state.get("metrics") or {}
         res.append(self.result(target, "metrics", met.get("status"), "answering", OK if met.get("ok") else DRIFT,
                                met.get("reason", "")))
+        return self._undo_order(res)
+
+    @staticmethod
+    def _undo_order(res):
+        """Mark in a model change's record what its undo leaves to another change of the same plan
+        (the journal undoes them newest first): the previous server's restart (`restart`: a unit or
+        command change, undone after the files) loads the files itself; the model's files
+        (`files`, on served_config) are loaded from by the repository change's undo, so a load
+        never pairs the previous config with the new files."""
+        fix = [r for r in res if r.status == DRIFT and r.write is not None]
+        restart = any(r.key in ("unit", "command") for r in fix)
+        files = {r.data.get("model") for r in fix if r.key == "repository"}
+        for r in fix:
+            if r.key in ("repository", "served_config") and restart:
+                r.data["restart"] = True
+            if r.key == "served_config" and r.data.get("model") in files:
+                r.data["files"] = True
         return res
 
     def _placement_results(self, t, target, st: dict) -> list:
@@ -347,10 +384,10 @@ class Service(Subsystem):
             raise HkError(f"triton: cannot set {key}")
 
     def after_apply(self, changes):
-        """Bring the running server to what was written (a load per changed model through the
-        repository API; a restart only when its unit or command changed), then the gate (warm-up,
-        load, p99 under the SLO). A failed load or gate puts the previous models back before it fails."""
-        from hkgpu_tune.serve import gate, launch, redeploy
+        """Bring the running server to what was written: a load per changed model through the
+        repository API; a restart only when its unit or command changed. A failed load fails the
+        apply; the engine undoes it (restore() of each change puts the previous models back)."""
+        from hkgpu_tune.serve import launch
         t = self.t
         started = any(c.key == "service" for c in changes)
         reload = [c for c in changes if c.key in ("repository", "served_config")]
@@ -359,9 +396,10 @@ class Service(Subsystem):
         active = not started and launch.status(t, self.b)["active"]
         if active and reload and not launch.explicit(t, self.b):
             restart.append(None)  # a server from before explicit model control: restart once
-        hot = []
+        self._gated = None
         if active and restart:
             launch.restart(t, self.b)
+            self._gated = "restarted"
         elif active and reload:
             ref = launch.ServiceRef.of(t, self.b)
             c = ref.client()
@@ -370,72 +408,41 @@ class Service(Subsystem):
                     try:
                         c.load_model(name)
                     except HkError as e:
-                        raise ApplyError(f"{e}; {self._put_back(reload)}") from None
-                    hot.append(name)
+                        raise CheckFailed(str(e), **self.UNDO) from None
+                    self._gated = "reloaded"
             finally:
                 c.close()
-        if started or hot or (active and restart):
-            rep = gate.run_gate(t)
-            if rep.client_bound:   # the client, not the server, missed: the deployment stays
-                self.notes.append(f"{self._gate_name} client-bound, deployment kept: {rep.message}")
-            elif rep.passed:
-                self.notes.append(f"{self._gate_name} passed: {rep.message}")
-            else:
-                if hot:
-                    raise gate.GateFailed(f"{self._gate_name} failed: {rep.message}; {self._put_back(reload)}")
-                if active and restart:
-                    raise gate.GateFailed(f"{self._gate_name} failed: {rep.message}; {self._undo_restart(restart, reload)}")
-                raise gate.GateFailed(f"{self._gate_name} failed: {rep.message}")
-        for ch in reload:  # the deployment stays: only the oldest copy (rollback's original) is kept
+        if started and self._gated is None:
+            self._gated = "started"
+
+    # what the failed apply's message says once the engine has undone it (or could not)
+    UNDO = {"undone": "the previous config is serving again",
+            "undo_failed": "putting the previous config back failed"}
+
+    def checks(self, changes):
+        """The gate (warm-up, load, p99 under the SLO) of a server this apply started, restarted or
+        loaded models into: a check of the apply's transaction."""
+        if getattr(self, "_gated", None) is None:
+            return []
+        return [Check(self._gate_name, self._gate)]
+
+    def _gate(self) -> None:
+        from hkgpu_tune.serve import gate
+        rep = gate.run_gate(self.t)
+        if rep.client_bound:   # the client, not the server, missed: the deployment stays
+            self.notes.append(f"{self._gate_name} client-bound, deployment kept: {rep.message}")
+        elif rep.passed:
+            self.notes.append(f"{self._gate_name} passed: {rep.message}")
+        else:   # a server this apply started is stopped by the undo: nothing was serving before
+            raise CheckFailed(f"{self._gate_name} failed: {rep.message}",
+                              **(self.UNDO if self._gated != "started" else {}))
+
+    def committed(self, changes):
+        """The deployment stays: only the oldest copy of each model (rollback's original) is kept."""
+        from hkgpu_tune.serve import redeploy
+        for ch in changes:
             if ch.key == "repository":
                 redeploy.drop_newer(ch.data["repository"], ch.data["model"])
-
-    def _put_back(self, reload) -> str:
-        """The previous model directories back on disk (all of them first), then one load per model:
-        from those files, or with the config it served where only that changed. A load never pairs
-        the previous config with the new files (new weights under the old pinned sha256 fail to load)."""
-        errs, with_files, loaded = [], {ch.data["model"] for ch in reload if ch.key == "repository"}, set()
-        for ch in reload:
-            if ch.key == "repository":
-                try:
-                    self._put_files_back(ch)
-                except HkError as e:
-                    errs.append(str(e))
-        for ch in reload:
-            name = ch.data["model"]
-            if name in loaded or (name in with_files and ch.key != "repository"):
-                continue
-            loaded.add(name)
-            try:
-                self._load_previous(ch)
-            except HkError as e:
-                errs.append(str(e))
-        if errs:
-            return "putting the previous config back failed: " + "; ".join(errs)
-        for ch in reload:
-            ch.data["restored"] = True
-        return "the previous config is serving again"
-
-    def _undo_restart(self, restart, reload) -> str:
-        """After a restart that failed its gate: the previous files, unit or command, and a restart."""
-        from hkgpu_tune.serve import launch
-        t = self.t
-        try:
-            for ch in reload:
-                if ch.key == "repository":
-                    self._put_files_back(ch)
-            for ch in restart:
-                if ch is not None:
-                    self._restore_launch(ch)
-            if restart == [None]:  # only the files changed (a server from before explicit control)
-                launch.restart(t, self.b)
-            launch.wait_ready(t, self.b)
-        except HkError as e:
-            return f"putting the previous config back failed: {e}"
-        for ch in reload + restart:
-            if ch is not None:
-                ch.data["restored"] = True
-        return "the previous config is serving again"
 
     # ------------------------------------------------------------ restore (from the saved record only)
     def _put_files_back(self, ch) -> str:
@@ -453,6 +460,8 @@ class Service(Subsystem):
     def _load_previous(self, ch) -> None:
         from hkgpu_tune.serve import launch
         d = ch.data
+        if d.get("restart") or (ch.key == "served_config" and d.get("files")):
+            return   # the undo of the plan's launch or repository change loads it (_undo_order)
         c = launch.ServiceRef.from_dict(d["service"]).client()
         try:
             if not c.live():
@@ -479,22 +488,49 @@ class Service(Subsystem):
             if before is not None and self.b.systemd.is_active(launch.unit_name(ref)):
                 launch.stop(ref, self.b)
                 self.b.systemd.enable(launch.unit_name(ref), now=True)
+                self._wait_back(ref)
         elif ch.key == "command":
             launch.respawn(ref, ch.data["before"], self.b)
+            self._wait_back(ref)
+
+    @staticmethod
+    def _wait_back(ref) -> None:
+        """Poll until the previous server answers ready (with every model, under the server's
+        strict readiness), at most its load timeout."""
+        import time
+        c = ref.client()
+        end = time.monotonic() + ref.load_timeout_s
+        try:
+            while not c.ready():
+                if time.monotonic() > end:
+                    raise HkError(f"triton: the previous server on {ref.http_host}:{ref.http_port} is not ready "
+                                  f"after {ref.load_timeout_s:.0f} s")
+                time.sleep(0.1)
+        finally:
+            c.close()
 
     def restore(self, change):
-        from hkgpu_tune.serve import launch, redeploy
+        from hkgpu_tune.serve import launch
         d = change.data
-        if d.get("restored"):  # put back already, by the failed gate
-            return
         if change.key in ("repository", "served_config"):
             self._restore_model(change)
             if change.key == "repository":
-                redeploy.drop_all(d["repository"], d["model"])
+                self._drop_copies(d)
         elif change.key == "service" and change.current != "running":
             launch.stop(launch.ServiceRef.from_dict(d["service"]), self.b)
         elif change.key in ("unit", "command"):
             self._restore_launch(change)
+
+    @staticmethod
+    def _drop_copies(d) -> None:
+        """The kept copies of a model once it is back; the copy of an earlier apply (`original`) stays
+        while its entry, still in the journal, needs it for a later rollback."""
+        import shutil
+        from hkgpu_tune.serve import redeploy
+        keep = d.get("original") if d.get("original") != d.get("backup") else None
+        for p in redeploy.copies(d["repository"], d["model"]):
+            if p != keep:
+                shutil.rmtree(p, ignore_errors=True)
 
     def facts(self) -> dict:
         from hkgpu_tune.serve import launch
@@ -540,6 +576,8 @@ def _check_service(c) -> None:
             check_record(c.data.get("before"))
         except HkError as e:
             fields.fail(str(e))
+    for k in ("restart", "files"):   # what its undo leaves to another change (Service._undo_order)
+        fields.boolean(c.data.get(k), f"data.{k}", none=True)
     fields.plain(c.current, "original")
     fields.plain(c.desired, "desired")
 

@@ -1,5 +1,10 @@
 """plan / apply (save originals first) / rollback (reverse order) / verify.
 
+An apply is one transaction: the writes of every subsystem, then each subsystem's after_apply and
+checks (subsystems.base.Check: the MTU proof, the Triton gate) in apply order. A failed write or
+check undoes every write of the run, newest first, through the one journal; no subsystem undoes
+anything by itself.
+
 >>> eng = Engine(load_profile("hk-inference"), only=["sysctl"])   # doctest: +SKIP
 >>> [r.status for r in eng.verify()]                               # doctest: +SKIP
 ['ok', 'drift', ...]
@@ -11,7 +16,7 @@ from dataclasses import dataclass, field
 from hkgpu_tune import subsystems
 from hkgpu_tune.backends import Backends
 from hkgpu_tune.core import place
-from hkgpu_tune.core.errors import HkError, ProfileError, StateError, TargetGone, UnsupportedError
+from hkgpu_tune.core.errors import CheckFailed, HkError, ProfileError, StateError, TargetGone, UnsupportedError
 from hkgpu_tune.tune.journal import Journal
 from hkgpu_tune.core.report import ERROR, UNSUPPORTED, Change, Result
 from hkgpu_tune.tune.state import DEFAULT_STATE_DIR, STATE_FILE, State  # noqa: F401  (State is part of the API)
@@ -99,6 +104,7 @@ class Engine:
         j = Journal(self.state)
         place.stamp(changes, subsystems.netns_scoped)
         j.refuse_recorded_elsewhere(changes)   # before the first write: nothing changes
+        checking = ""   # the subsystem whose after_apply or checks run
         try:
             for s in self.subs:
                 mine = [c for c in changes if c.subsystem == s.name]
@@ -111,14 +117,29 @@ class Engine:
                         mine = []   # verify reports it
                 self._write(j, mine)
             rep.changes = j.this_run
-            for s in self.subs:
-                s.after_apply([c for c in j.written if c.subsystem == s.name])
+            for s in self.subs:   # in apply order: the MTU proof before the Triton gate
+                checking = s.name
+                mine = [c for c in j.written if c.subsystem == s.name]
+                s.after_apply(mine)
+                for ck in s.checks(mine):
+                    self._check(j, s.name, ck)
                 rep.notes += s.notes
+            checking = ""
+            for s in self.subs:   # the transaction stands
+                s.committed([c for c in j.written if c.subsystem == s.name])
         except HkError as e:
             rep.changes = j.this_run
             rep.error = str(e)
             errs = j.undo_run(self._restore)
             rep.rolled_back = True
+            if isinstance(e, CheckFailed):
+                # the checked subsystem words its own undo ("the previous config is serving again")
+                own = [m for c, m in errs if c.subsystem == checking]
+                if own and e.undo_failed:
+                    rep.error += f"; {e.undo_failed}: " + "; ".join(own)
+                    errs = [(c, m) for c, m in errs if c.subsystem != checking]
+                elif not own and e.undone:
+                    rep.error += f"; {e.undone}"
             if errs:
                 rep.error += "; rollback also failed: " + "; ".join(m for _, m in errs)
             if j.save_error:   # the journal could not follow the undo: say what state the host is in
@@ -155,6 +176,16 @@ class Engine:
                 j.refused(c, str(e), put_back)
                 continue
             j.wrote(c)
+
+    @staticmethod
+    def _check(j: Journal, sub: str, ck) -> None:
+        """One check of the transaction; a failure raises and _apply undoes the whole run."""
+        try:
+            ck.run()
+        except HkError as e:
+            j.checked(sub, ck.name, str(e))
+            raise
+        j.checked(sub, ck.name)
 
     def _restore(self, c: Change) -> str | None:
         if c.subsystem == "persist":

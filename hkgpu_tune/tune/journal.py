@@ -6,6 +6,7 @@ An apply (or `--persist`) opens one Journal under the state directory's lock:
 >>> j = Journal(State(d))                      # doctest: +SKIP
 >>> j.originals(changes)                       # on disk before anything is written
 >>> j.wrote(c) / j.refused(c, why, put_back)   # per change
+>>> j.checked(sub, name, error)                # each check of the transaction (the MTU proof)
 >>> j.undo_run(restore)                        # on failure: this run's writes, newest first
 
 The oldest original of a setting is the one kept: a second apply never replaces what the first
@@ -94,6 +95,14 @@ class Journal:
         if e is not None:
             e.applied = True
         self._log("write", c, repr(c.desired)[:200])
+
+    def checked(self, subsystem: str, name: str, error: str = "") -> None:
+        """A check of the transaction passed (or failed, with the reason): kept in the log."""
+        e = {"t": round(time.time(), 3), "event": "check-failed" if error else "check", "subsystem": subsystem,
+             "target": "-", "key": name}
+        if error:
+            e["detail"] = error[:500]
+        self.state.log.append(e)
 
     def refused(self, c: Change, why: str, put_back: bool) -> None:
         """The kernel or driver would not take c. Put back: its entry goes (unless an earlier run

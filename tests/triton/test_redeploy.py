@@ -140,6 +140,23 @@ def test_a_failed_gate_after_a_restart_restarts_the_previous_command(node):
     node["pid"] = rec["pid"]
 
 
+def test_a_failed_gate_after_a_restart_with_new_files_starts_the_previous_command_on_the_previous_files(node):
+    """The undo goes through the journal, newest first: the model files are back before the previous
+    command runs again (the launch is planned first), so it never starts on the new files."""
+    t = node["t"]
+    old, before = launch.process_record(t)["argv"], served_delay(t)
+    path = node["profile"]("verbose-new-delay-tight-slo", delay_us=before + 111, p99_ms=0.001,
+                           top={"extra_args": ["--log-verbose=1"]})
+    rep = Engine(load_profile(path), only=["triton"], state_dir=node["state"]).apply()
+    assert [c.key for c in rep.changes][0] == "command" and "repository" in {c.key for c in rep.changes}
+    assert rep.error.endswith("; the previous config is serving again"), rep.error
+    rec = launch.process_record(t)
+    assert rec["argv"] == old and served_delay(t) == before and doubles(t)
+    with open(os.path.join(t.model_repository, "doubler", "config.pbtxt")) as f:
+        assert "max_queue_delay_microseconds: %d" % before in f.read()
+    node["pid"] = rec["pid"]
+
+
 def test_rollback_needs_only_the_saved_record(node, tmp_path):
     """rollback with a profile that has no triton section: the service stops, the repository and
     the kept copies go (the first apply made them)."""

@@ -92,7 +92,7 @@ def test_unit_file_drift_and_service_down_are_fixable(tmp_path):
     assert res[1].current == "absent" and res[1].write == "rendered"
     assert res[2].write == "running" and res[2].current == "inactive"
     changes, _ = p.plan()
-    assert [c.key for c in changes] == ["repository", "unit", "service"]
+    assert [c.key for c in changes] == ["unit", "repository", "service"]   # the launch first: undone last
     launch.install_unit(t, b)
     unit = tmp_path / "root" / "etc" / "systemd" / "system" / "hkgpu-triton.service"
     assert {r.key: r.status for r in p.verify()}["unit"] == OK
