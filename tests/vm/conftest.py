@@ -1,7 +1,9 @@
 """The VM test node (tests/vm/vm.py): built once per cache key, booted once per test session and
-shared by the modules here in file order (test_node.py, then test_triton_vm.py)."""
+shared by the modules here in file order (test_node.py, then test_triton_vm.py); test_dayone_vm.py
+boots a node of its own from the same image."""
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import time
@@ -39,8 +41,9 @@ def pytest_terminal_summary(terminalreporter):
             terminalreporter.write_line(f"{s:8.1f} s  {name}")
 
 
-@pytest.fixture(scope="session")
-def vm(tmp_path_factory):
+@contextlib.contextmanager
+def booted(tmp_path_factory):
+    """A VM test node from the cached image, booted on an overlay of its own; shut down after."""
     # root: the tests are marked root (tests/conftest.py skips them otherwise)
     env_tools_on_path()
     why = missing_tool(("qemu-system-x86_64", "qemu-img", "debootstrap", "mkfs.ext4", "ssh", "ip", "ansible-playbook"))
@@ -65,7 +68,6 @@ def vm(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def wheel_dir(tmp_path_factory):
-    """The hkgpu_install role's controller cache (hkgpu_install_cache_dir): one per session, so that a later
-    module finds the node's install stamp (the wheel's checksum) and does not reinstall."""
-    return str(tmp_path_factory.mktemp("wheels"))
+def vm(tmp_path_factory):
+    with booted(tmp_path_factory) as m:
+        yield m

@@ -25,6 +25,7 @@ import pytest
 import yaml
 
 from ..helpers import REPO
+from .conftest import booted
 
 pytestmark = [pytest.mark.root, pytest.mark.slow,
               pytest.mark.skipif(os.environ.get("HKGPU_VM_DAYONE") != "1",
@@ -101,6 +102,14 @@ def wait(what, cond, timeout, diag=None):
 def timer_diag(vm) -> str:
     return vm.ssh("systemctl status --no-pager hkgpu-tune-verify.timer hkgpu-tune-verify.service; "
                   "journalctl --no-pager -n 40 -u hkgpu-tune-verify.service").stdout[-4000:]
+
+
+@pytest.fixture(scope="module")
+def vm(tmp_path_factory):
+    """A node of its own: day one starts from a stock node and ends rolled back, and the session's
+    node (test_node.py and the others, which set their own stock) never sees its packages' state."""
+    with booted(tmp_path_factory) as m:
+        yield m
 
 
 @pytest.fixture(scope="module")
