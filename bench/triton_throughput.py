@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import yaml  # noqa: E402
 
 from hkgpu_tune.core.profile import load_profile  # noqa: E402
-from hkgpu_tune.serve import client, gate, launch, render  # noqa: E402
+from hkgpu_tune.serve import client, forms, gate, launch, render  # noqa: E402
 
 MODEL_PY = os.path.join(os.path.dirname(__file__), "..", "tests", "triton", "data", "doubler.py")
 
@@ -53,7 +53,7 @@ def one_run(requests, delay_us):
             yaml.safe_dump(profile(root, delay_us), f)
         t = load_profile(path).section("triton")
         render.write_repository(t)
-        launch.prepare_backends(t)
+        forms.prepare_backends(t)
         t0 = time.monotonic()
         launch.start(t)
         try:

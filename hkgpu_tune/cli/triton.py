@@ -153,11 +153,11 @@ def run_render(ctx: Context) -> int:
 
 
 def run_unit(ctx: Context) -> int:
-    from hkgpu_tune.serve import launch
+    from hkgpu_tune.serve import forms
     t = _section(ctx)
     b = _backends()
     try:
-        unit = launch.render_unit(t, launch.placement(t, b))
+        unit = forms.render_unit(t, forms.placement(t, b))
     finally:
         b.close()
     if ctx.json:
@@ -170,18 +170,18 @@ def run_unit(ctx: Context) -> int:
 
 
 def run_command(ctx: Context) -> int:
-    from hkgpu_tune.serve import launch
+    from hkgpu_tune.serve import forms
     t = _section(ctx)
     b = _backends()
     try:
-        argv = launch.command(t, launch.placement(t, b))
+        argv = forms.command(t, forms.placement(t, b))
     finally:
         b.close()
     if not ctx.json:   # stdout is the command line itself (for $(...)): the profile goes to stderr
         from hkgpu_tune.core.profile import SOURCES
         print(f"triton command: profile {ctx.profile.label} ({SOURCES.get(ctx.profile.source)})",
               file=sys.stderr)
-    _out(ctx, {"argv": argv, "env": launch.server_env(t) if t.launch == "binary" else {}}, shlex.join(argv),
+    _out(ctx, {"argv": argv, "env": forms.server_env(t) if t.launch == "binary" else {}}, shlex.join(argv),
          header=False)
     return EXIT_OK
 

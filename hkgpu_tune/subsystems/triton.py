@@ -130,7 +130,7 @@ class Service(Subsystem):
 
     def result(self, target, key, current, desired, status, reason="", **kw):
         if self.several:   # the unit names the service: its targets and changes say which
-            from hkgpu_tune.serve.launch import unit_name
+            from hkgpu_tune.serve.forms import unit_name
             unit, name = self.t.unit, unit_name(self.t)
             if str(target) not in (unit, name) and not str(target).endswith("/" + name):
                 target = f"{unit}/{target}"
@@ -139,7 +139,7 @@ class Service(Subsystem):
         return super().result(target, key, current, desired, status, reason, **kw)
 
     def read(self) -> dict:
-        from hkgpu_tune.serve import client, launch, render
+        from hkgpu_tune.serve import client, forms, launch, render
         from hkgpu_tune.serve.config import engine_facts
         t = self.t
         state = {"repository": render.repository_state(t, self.b), "service": launch.status(t, self.b),
@@ -149,10 +149,10 @@ class Service(Subsystem):
             from hkgpu_tune.serve.devices import mig_check
             state["mig"] = mig_check(self.b.nvml, t.mig)
         if state["ref"]["supervisor"] == "systemd":
-            unit = launch.unit_state(t, self.b)
+            unit = forms.unit_state(t, self.b)
             state["unit"] = {k: v for k, v in unit.items() if k != "text"}
-            state["unit"]["before"] = self.b.systemd.read_unit(launch.unit_name(t))
-            state["unit"]["restart"] = launch.unit_needs_restart(state["unit"]["before"], unit["text"])
+            state["unit"]["before"] = self.b.systemd.read_unit(forms.unit_name(t))
+            state["unit"]["restart"] = forms.unit_needs_restart(state["unit"]["before"], unit["text"])
         if state["service"]["active"]:
             if state["ref"]["supervisor"] == "process":
                 rec = launch.process_record(t) or {}
@@ -182,7 +182,7 @@ class Service(Subsystem):
     def _placement(self, t) -> dict:
         """The CPUs and memory nodes the server's processes may use, against its GPU's (the
         launcher pins each service to its first GPU's local CPUs and NUMA node)."""
-        from hkgpu_tune.serve import launch
+        from hkgpu_tune.serve import forms, launch
         procs = []
         for pid in launch.server_pids(t, self.b):
             text = self.b.sysfs.read(f"/proc/{pid}/status") or ""
@@ -190,11 +190,11 @@ class Service(Subsystem):
             if "Cpus_allowed_list" in st:
                 procs.append({"pid": pid, "cpus": st["Cpus_allowed_list"].strip(),
                               "mems": st.get("Mems_allowed_list", "").strip()})
-        return {"want": launch.placement(t, self.b), "procs": procs}
+        return {"want": forms.placement(t, self.b), "procs": procs}
 
     def _ref(self) -> dict:
-        from hkgpu_tune.serve import launch
-        return launch.ServiceRef.of(self.t, self.b).to_dict()
+        from hkgpu_tune.serve import forms
+        return forms.ServiceRef.of(self.t, self.b).to_dict()
 
     def _mps_clients(self, t) -> dict:
         """Triton's processes against NVML's MPS client list of its GPU."""
@@ -328,13 +328,13 @@ class Service(Subsystem):
 
     # ------------------------------------------------------------ apply
     def write(self, target, key, value, data):
-        from hkgpu_tune.serve import launch, redeploy, render
+        from hkgpu_tune.serve import forms, launch, redeploy, render
         if key == "repository":
             if data.get("existed"):
                 redeploy.save(data["model_dir"], data["backup"])
             render.write_model(self.t, self.t.model(data["model"]), self.b)
         elif key == "unit":
-            launch.install_unit(self.t, self.b)
+            forms.install_unit(self.t, self.b)
         elif key in ("served_config", "command"):
             pass  # after_apply loads the models, or restarts once, for the whole batch
         elif key == "service":
@@ -350,12 +350,12 @@ class Service(Subsystem):
         """Bring the running server to what was written (a load per changed model through the
         repository API; a restart only when its unit or command changed), then the gate (warm-up,
         load, p99 under the SLO). A failed load or gate puts the previous models back before it fails."""
-        from hkgpu_tune.serve import gate, launch, redeploy
+        from hkgpu_tune.serve import forms, gate, launch, redeploy
         t = self.t
         started = any(c.key == "service" for c in changes)
         reload = [c for c in changes if c.key in ("repository", "served_config")]
-        restart = [c for c in changes if c.key == "command" or c.key == "unit" and launch.unit_needs_restart(
-            c.data.get("before"), self.b.systemd.read_unit(launch.unit_name(t)))]
+        restart = [c for c in changes if c.key == "command" or c.key == "unit" and forms.unit_needs_restart(
+            c.data.get("before"), self.b.systemd.read_unit(forms.unit_name(t)))]
         active = not started and launch.status(t, self.b)["active"]
         if active and reload and not launch.explicit(t, self.b):
             restart.append(None)  # a server from before explicit model control: restart once
@@ -363,7 +363,7 @@ class Service(Subsystem):
         if active and restart:
             launch.restart(t, self.b)
         elif active and reload:
-            ref = launch.ServiceRef.of(t, self.b)
+            ref = forms.ServiceRef.of(t, self.b)
             c = ref.client()
             try:
                 for name in dict.fromkeys(ch.data["model"] for ch in reload):
@@ -451,9 +451,9 @@ class Service(Subsystem):
         self._load_previous(ch)
 
     def _load_previous(self, ch) -> None:
-        from hkgpu_tune.serve import launch
+        from hkgpu_tune.serve import forms
         d = ch.data
-        c = launch.ServiceRef.from_dict(d["service"]).client()
+        c = forms.ServiceRef.from_dict(d["service"]).client()
         try:
             if not c.live():
                 return
@@ -467,23 +467,23 @@ class Service(Subsystem):
             c.close()
 
     def _restore_launch(self, ch) -> None:
-        from hkgpu_tune.serve import launch
-        ref = launch.ServiceRef.from_dict(ch.data["service"])
+        from hkgpu_tune.serve import forms, launch
+        ref = forms.ServiceRef.from_dict(ch.data["service"])
         if ch.key == "unit":
             before = ch.data.get("before")
             if before is not None:   # a unit text from disk: its programs must pass the trust rule
                 from hkgpu_tune.serve.records import check_unit_text
                 check_unit_text(before)
-            self.b.systemd.write_unit(launch.unit_name(ref), before)  # None: the unit did not exist
+            self.b.systemd.write_unit(forms.unit_name(ref), before)  # None: the unit did not exist
             self.b.systemd.daemon_reload()
-            if before is not None and self.b.systemd.is_active(launch.unit_name(ref)):
+            if before is not None and self.b.systemd.is_active(forms.unit_name(ref)):
                 launch.stop(ref, self.b)
-                self.b.systemd.enable(launch.unit_name(ref), now=True)
+                self.b.systemd.enable(forms.unit_name(ref), now=True)
         elif ch.key == "command":
             launch.respawn(ref, ch.data["before"], self.b)
 
     def restore(self, change):
-        from hkgpu_tune.serve import launch, redeploy
+        from hkgpu_tune.serve import forms, launch, redeploy
         d = change.data
         if d.get("restored"):  # put back already, by the failed gate
             return
@@ -492,14 +492,14 @@ class Service(Subsystem):
             if change.key == "repository":
                 redeploy.drop_all(d["repository"], d["model"])
         elif change.key == "service" and change.current != "running":
-            launch.stop(launch.ServiceRef.from_dict(d["service"]), self.b)
+            launch.stop(forms.ServiceRef.from_dict(d["service"]), self.b)
         elif change.key in ("unit", "command"):
             self._restore_launch(change)
 
     def facts(self) -> dict:
-        from hkgpu_tune.serve import launch
+        from hkgpu_tune.serve import forms
         st = self.read()
-        st["placement"] = launch.placement(self.t, self.b)
+        st["placement"] = forms.placement(self.t, self.b)
         return st
 
 

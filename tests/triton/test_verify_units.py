@@ -8,7 +8,7 @@ from hkgpu_tune.tune.engine import Engine
 from hkgpu_tune.core.profile import parse_profile_text
 from hkgpu_tune.core.report import DRIFT, ERROR, OK, UNSUPPORTED
 from hkgpu_tune.subsystems.triton import Plugin
-from hkgpu_tune.serve import launch
+from hkgpu_tune.serve import forms, launch
 
 from .conftest import dump, free_ports, profile_dict
 
@@ -52,7 +52,7 @@ def plugin(tmp_path, **top):
 def test_systemd_status_through_systemctl(tmp_path):
     _, t = plugin(tmp_path, unit="tritonA")
     b, _ = systemd(tmp_path, active={"tritonA.service"})
-    assert launch.supervisor(t, b) == "systemd"
+    assert forms.supervisor(t, b) == "systemd"
     st = launch.status(t, b)
     assert st == {"active": True, "state": "active", "target": "tritonA.service", "pid": None, "reason": ""}
     b, _ = systemd(tmp_path)
@@ -71,14 +71,14 @@ def test_start_under_systemd_installs_the_unit_and_enables_it(tmp_path, monkeypa
     st = launch.start(t, b, place=place)
     assert st["active"] and st["target"] == "hkgpu-triton.service"
     unit = tmp_path / "root" / "etc" / "systemd" / "system" / "hkgpu-triton.service"
-    assert unit.read_text() == launch.render_unit(t, place)
-    assert checked == [launch.DEFAULT_USER]
+    assert unit.read_text() == forms.render_unit(t, place)
+    assert checked == [forms.DEFAULT_USER]
     assert ["daemon-reload"] in cmd.calls and ["enable", "--now", "hkgpu-triton.service"] in cmd.calls
     rep = launch.stop(t, b)
     assert (rep["stopped"], rep["how"], rep["left"], "note" in rep) == (True, "systemctl stop", [], False), rep
     # systemctl is given longer than the unit's TimeoutStopSec (which can be over its default 60 s)
     stop_call = next(c for c in cmd.timeouts if c[0][0] == "stop")
-    assert stop_call[1] > t.gate.stop_timeout_s + 2 * launch.STOP_GRACE_S, stop_call
+    assert stop_call[1] > t.gate.stop_timeout_s + 2 * forms.STOP_GRACE_S, stop_call
     assert launch.stop(t, b)["how"] == "was not running"
 
 
@@ -93,7 +93,7 @@ def test_unit_file_drift_and_service_down_are_fixable(tmp_path):
     assert res[2].write == "running" and res[2].current == "inactive"
     changes, _ = p.plan()
     assert [c.key for c in changes] == ["repository", "unit", "service"]
-    launch.install_unit(t, b)
+    forms.install_unit(t, b)
     unit = tmp_path / "root" / "etc" / "systemd" / "system" / "hkgpu-triton.service"
     assert {r.key: r.status for r in p.verify()}["unit"] == OK
     unit.write_text(unit.read_text().replace("LimitMEMLOCK=infinity\n", ""))
@@ -108,7 +108,7 @@ def test_a_unit_whose_stop_settings_changed_is_reloaded_not_restarted(tmp_path, 
     b, cmd = systemd(tmp_path, active={"hkgpu-triton.service"})
     from hkgpu_tune.serve import render
     render.write_repository(t)
-    launch.install_unit(t, b)
+    forms.install_unit(t, b)
     unit = tmp_path / "root" / "etc" / "systemd" / "system" / "hkgpu-triton.service"
     rendered = unit.read_text()
     restarts = []
@@ -131,7 +131,7 @@ def test_a_unit_whose_stop_settings_changed_is_reloaded_not_restarted(tmp_path, 
         p.after_apply(changes)
         assert unit.read_text() == rendered and bool(restarts) == restart, (old, restarts)
         restarts.clear()
-    assert launch.unit_needs_restart(None, rendered)
+    assert forms.unit_needs_restart(None, rendered)
 
 
 def test_extra_args_cannot_override_what_the_profile_sets(tmp_path):
