@@ -34,7 +34,7 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, HERE)   # bench/loadgen_check.py
 
 from hkgpu_tune.core.errors import HkError  # noqa: E402
-from hkgpu_tune.serve import loadgen, sweep  # noqa: E402
+from hkgpu_tune.serve import loadgen, sweep, sweep_out  # noqa: E402
 
 SETTINGS = ("persistence_mode,compute_mode,mig.mode.current,ecc.mode.current,power.limit,"
             "clocks.applications.graphics,clocks.applications.memory")
@@ -427,7 +427,7 @@ def run_tuned(args, workdir: str, res: dict) -> None:
             fits = [p for p in merged.points if p.best]
             merged.best = max(fits, key=lambda p: (p.best["img_s"], -p.best["p99_ms"])) if fits else None
             res["sweep"] = merged.to_dict()
-        res["sweep_table"] = sweep.table(merged)
+        res["sweep_table"] = sweep_out.table(merged)
         print(res["sweep_table"], flush=True)
         bad = sweep.failure(merged)
         if bad:

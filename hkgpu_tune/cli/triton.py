@@ -258,7 +258,7 @@ def _verdict(rep) -> str:
 
 
 def run_sweep(ctx: Context) -> int:
-    from hkgpu_tune.serve import sweep
+    from hkgpu_tune.serve import sweep, sweep_out
     a = ctx.args
     t = _section(ctx)
     name = a.model or t.models[0].name
@@ -292,14 +292,14 @@ def run_sweep(ctx: Context) -> int:
                     log=say, confirm_s=a.confirm_s, check_s=a.check_s, protocol=a.protocol)
     doc = rep.to_dict()
     if a.png and rep.points:
-        doc["png"] = sweep.chart(rep, a.png)
+        doc["png"] = sweep_out.chart(rep, a.png)
     bad = sweep.failure(rep)
     if not bad and a.write:
         try:
             doc["written"] = sweep.write_back(ctx.profile.path, name, rep)
         except HkError as e:   # the measurements are still reported; the refusal is the one error line
             bad = str(e)
-    lines = [sweep.table(rep)]
+    lines = [sweep_out.table(rep)]
     if doc.get("png"):
         lines.append(f"chart: {doc['png']}")
     if rep.best:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.serve.devices import gpu_set, is_mig, remap_gpus
 from hkgpu_tune.serve.connections import OPTIONS as CONNECTION_OPTIONS, Connections, parse as parse_connections
-from hkgpu_tune.serve.gate_spec import Gate, parse as _gate  # noqa: F401  (config.Gate: the gate's settings)
+from hkgpu_tune.serve.gate_spec import Gate, parse as _gate
 
 NAME_RE = r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}"
 USER_RE = r"[a-z_][a-z0-9_-]{0,31}"

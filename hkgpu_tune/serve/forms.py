@@ -20,7 +20,7 @@ from hkgpu_tune.serve import client, records
 
 PID_FILE = "tritonserver.json"
 LOG_FILE = "tritonserver.log"
-from hkgpu_tune.serve.shapes import CONTAINER_REPO, HARDENING  # noqa: F401  (the renderer's shape, checked there)
+from hkgpu_tune.serve.shapes import CONTAINER_REPO, HARDENING  # the renderer's shape, checked there
 CONTROL_MODE = "explicit"
 STOP_GRACE_S = 10  # past the server's own exit timeout before it is killed
 # latency summaries for p50/p95/p99 (nv_inference_request_summary_us{quantile}) next to the default
@@ -183,7 +183,7 @@ def placement(t, backends=None) -> dict:
 
 def parent_gpu(backends, uuid: str) -> int:
     """The NVML index of the GPU holding MIG device `uuid`; HkError where none here has it."""
-    from hkgpu_tune.serve.devices import find_mig
+    from hkgpu_tune.backends.mig import find as find_mig
     d = find_mig(backends.nvml, uuid)
     if d is None:
         raise HkError(f"no MIG device {uuid} on this host")

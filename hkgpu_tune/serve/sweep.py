@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.serve import client, loadgen, plain
-from hkgpu_tune.serve.sweep_out import chart, table  # noqa: F401  (the CLI's sweep.table, sweep.chart)
 
 PER_LEVEL_OVERHEAD_S = 1.5   # process start and the warm-up part of each load run
 

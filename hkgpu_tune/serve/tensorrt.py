@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from hkgpu_tune.core.errors import ApplyError, HkError, UnsupportedError
 from hkgpu_tune.core.fsutil import atomic_write
 from hkgpu_tune.backends.command import Command
-from hkgpu_tune.serve.config import IO_TYPES, TRITON_TYPES, io_problem  # noqa: F401 (io_problem: re-exported)
+from hkgpu_tune.serve.config import IO_TYPES, TRITON_TYPES
 from hkgpu_tune.serve.container import version_from_banner
 
 TRTEXEC_MISSING = "trtexec not found (TensorRT is not installed on this host); the plan cannot be built here"
@@ -104,7 +104,8 @@ def cannot_build(t) -> str | None:
 def gpu_name(backends, index: int | str | None) -> str:
     """The GPU a plan is built for, by name; a MIG device (index 'MIG-...') adds its profile, since a
     plan built on a 1g slice is not valid on a 3g one."""
-    from hkgpu_tune.serve.devices import find_mig, is_mig
+    from hkgpu_tune.backends.mig import find as find_mig
+    from hkgpu_tune.serve.devices import is_mig
     if is_mig(index):
         try:
             d = find_mig(backends.nvml, index) if backends is not None else None

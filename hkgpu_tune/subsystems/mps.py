@@ -268,7 +268,7 @@ class Plugin(Subsystem):
         """Indices MPS serves (None = all) and the compute modes of those GPUs, or a reason."""
         try:
             if self.mig:   # the parent GPU's compute mode
-                from hkgpu_tune.serve.devices import find_mig
+                from hkgpu_tune.backends.mig import find as find_mig
                 d = find_mig(self.b.nvml, self.mig)
                 idx = [d["gpu"]] if d else []
             else:

@@ -14,7 +14,7 @@ from hkgpu_tune.subsystems.base import Spec, Subsystem
 __all__ = ["Plugin", "Build", "Endpoint", "Gate", "Model", "Services", "Triton", "check_models", "parse_profile",
            "section", "services"]
 # the service code (serve/) loads on first use: the registry imports every subsystem module
-_LAZY = {"Build": "config", "Endpoint": "config", "Gate": "config", "Model": "config", "Services": "config",
+_LAZY = {"Build": "config", "Endpoint": "config", "Gate": "gate_spec", "Model": "config", "Services": "config",
          "Triton": "config", "engine_facts": "config", "section": "config", "services": "config",
          "parse_profile": "services", "check_models": "render", "check_layout": "devices"}
 
