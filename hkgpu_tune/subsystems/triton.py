@@ -1,4 +1,4 @@
-"""The Triton subsystem: verify and apply of the `triton:` profile section (its schema and parsing: serve.config)."""
+"""The Triton subsystem: verify and apply of the `triton:` profile section (its schema and parsing: serve.schema.config)."""
 from __future__ import annotations
 
 import re
@@ -14,9 +14,10 @@ from hkgpu_tune.subsystems.base import Spec, Subsystem
 __all__ = ["Plugin", "Build", "Endpoint", "Gate", "Model", "Services", "Triton", "check_models", "parse_profile",
            "section", "services"]
 # the service code (serve/) loads on first use: the registry imports every subsystem module
-_LAZY = {"Build": "config", "Endpoint": "config", "Gate": "gate_spec", "Model": "config", "Services": "config",
-         "Triton": "config", "engine_facts": "config", "section": "config", "services": "config",
-         "parse_profile": "services", "check_models": "render", "check_layout": "devices"}
+_LAZY = {"Build": "schema.config", "Endpoint": "schema.config", "Gate": "schema.gate_spec", "Model": "schema.config",
+         "Services": "schema.config", "Triton": "schema.config", "engine_facts": "schema.config",
+         "section": "schema.config", "services": "schema.config", "parse_profile": "schema.services",
+         "check_models": "repository.render", "check_layout": "schema.devices"}
 
 
 def __getattr__(name):
@@ -37,7 +38,7 @@ class Plugin(Subsystem):
     def services(self) -> list["Service"]:
         svcs = self.__dict__.get("_svcs")
         if svcs is None:
-            from hkgpu_tune.serve.config import services
+            from hkgpu_tune.serve.schema.config import services
             ts = services(self.profile)
             if not ts:
                 raise HkError("triton: the profile has no triton section")
@@ -50,7 +51,7 @@ class Plugin(Subsystem):
         """The profile's one service (an error naming the units where there are several)."""
         svcs = self.services
         if len(svcs) > 1:
-            from hkgpu_tune.serve.config import section
+            from hkgpu_tune.serve.schema.config import section
             section(self.profile)   # raises, naming them
         return svcs[0].t
 
@@ -120,7 +121,7 @@ class Service(Subsystem):
         if t is None:
             if self._triton is None:
                 raise HkError("triton: the profile has no triton section")
-            from hkgpu_tune.serve.render import check_models
+            from hkgpu_tune.serve.repository.render import check_models
             self.__dict__["_t"] = t = check_models(self._triton)
         return t
 
@@ -130,7 +131,7 @@ class Service(Subsystem):
 
     def result(self, target, key, current, desired, status, reason="", **kw):
         if self.several:   # the unit names the service: its targets and changes say which
-            from hkgpu_tune.serve.forms import unit_name
+            from hkgpu_tune.serve.running.forms import unit_name
             unit, name = self.t.unit, unit_name(self.t)
             if str(target) not in (unit, name) and not str(target).endswith("/" + name):
                 target = f"{unit}/{target}"
@@ -139,14 +140,15 @@ class Service(Subsystem):
         return super().result(target, key, current, desired, status, reason, **kw)
 
     def read(self) -> dict:
-        from hkgpu_tune.serve import client, forms, launch, render
-        from hkgpu_tune.serve.config import engine_facts
+        from hkgpu_tune.serve.repository import render
+        from hkgpu_tune.serve.running import client, forms, launch
+        from hkgpu_tune.serve.schema.config import engine_facts
         t = self.t
         state = {"repository": render.repository_state(t, self.b), "service": launch.status(t, self.b),
                  "engines": {m.name: engine_facts(m) for m in t.models if m.engine},
                  "ref": self._ref()}
         if t.mig:   # the MIG device it names must exist here (a layout lost at reboot is not ok)
-            from hkgpu_tune.serve.devices import mig_check
+            from hkgpu_tune.serve.schema.devices import mig_check
             state["mig"] = mig_check(self.b.nvml, t.mig)
         if state["ref"]["supervisor"] == "systemd":
             unit = forms.unit_state(t, self.b)
@@ -182,7 +184,7 @@ class Service(Subsystem):
     def _placement(self, t) -> dict:
         """The CPUs and memory nodes the server's processes may use, against its GPU's (the
         launcher pins each service to its first GPU's local CPUs and NUMA node)."""
-        from hkgpu_tune.serve import forms, launch
+        from hkgpu_tune.serve.running import forms, launch
         procs = []
         for pid in launch.server_pids(t, self.b):
             text = self.b.sysfs.read(f"/proc/{pid}/status") or ""
@@ -193,12 +195,12 @@ class Service(Subsystem):
         return {"want": forms.placement(t, self.b), "procs": procs}
 
     def _ref(self) -> dict:
-        from hkgpu_tune.serve import forms
+        from hkgpu_tune.serve.running import forms
         return forms.ServiceRef.of(self.t, self.b).to_dict()
 
     def _mps_clients(self, t) -> dict:
         """Triton's processes against NVML's MPS client list of its GPU."""
-        from hkgpu_tune.serve import forms, launch
+        from hkgpu_tune.serve.running import forms, launch
         pids = launch.server_pids(t, self.b)
         gpu = t.gpu
         try:
@@ -210,7 +212,7 @@ class Service(Subsystem):
                 "own": sorted(set(pids) & set(procs["compute"]) - set(procs["mps"]))}
 
     def compare(self, state: dict):
-        from hkgpu_tune.serve import redeploy, render
+        from hkgpu_tune.serve.repository import redeploy, render
         t, res = self.t, []
         ref = state.get("ref") or self._ref()
         if "mig" in state:
@@ -328,7 +330,8 @@ class Service(Subsystem):
 
     # ------------------------------------------------------------ apply
     def write(self, target, key, value, data):
-        from hkgpu_tune.serve import forms, launch, redeploy, render
+        from hkgpu_tune.serve.repository import redeploy, render
+        from hkgpu_tune.serve.running import forms, launch
         if key == "repository":
             if data.get("existed"):
                 redeploy.save(data["model_dir"], data["backup"])
@@ -350,7 +353,9 @@ class Service(Subsystem):
         """Bring the running server to what was written (a load per changed model through the
         repository API; a restart only when its unit or command changed), then the gate (warm-up,
         load, p99 under the SLO). A failed load or gate puts the previous models back before it fails."""
-        from hkgpu_tune.serve import forms, gate, launch, redeploy
+        from hkgpu_tune.serve.repository import redeploy
+        from hkgpu_tune.serve.running import forms, launch
+        from hkgpu_tune.serve.measuring import gate
         t = self.t
         started = any(c.key == "service" for c in changes)
         reload = [c for c in changes if c.key in ("repository", "served_config")]
@@ -418,7 +423,7 @@ class Service(Subsystem):
 
     def _undo_restart(self, restart, reload) -> str:
         """After a restart that failed its gate: the previous files, unit or command, and a restart."""
-        from hkgpu_tune.serve import launch
+        from hkgpu_tune.serve.running import launch
         t = self.t
         try:
             for ch in reload:
@@ -439,7 +444,7 @@ class Service(Subsystem):
 
     # ------------------------------------------------------------ restore (from the saved record only)
     def _put_files_back(self, ch) -> str:
-        from hkgpu_tune.serve import redeploy
+        from hkgpu_tune.serve.repository import redeploy
         d = ch.data
         redeploy.check_record(d)
         return redeploy.put_back(d["model_dir"], d["backup"], d["existed"], d.get("original"))
@@ -451,7 +456,7 @@ class Service(Subsystem):
         self._load_previous(ch)
 
     def _load_previous(self, ch) -> None:
-        from hkgpu_tune.serve import forms
+        from hkgpu_tune.serve.running import forms
         d = ch.data
         c = forms.ServiceRef.from_dict(d["service"]).client()
         try:
@@ -467,12 +472,12 @@ class Service(Subsystem):
             c.close()
 
     def _restore_launch(self, ch) -> None:
-        from hkgpu_tune.serve import forms, launch
+        from hkgpu_tune.serve.running import forms, launch
         ref = forms.ServiceRef.from_dict(ch.data["service"])
         if ch.key == "unit":
             before = ch.data.get("before")
             if before is not None:   # a unit text from disk: its programs must pass the trust rule
-                from hkgpu_tune.serve.records import check_unit_text
+                from hkgpu_tune.serve.running.records import check_unit_text
                 check_unit_text(before)
             self.b.systemd.write_unit(forms.unit_name(ref), before)  # None: the unit did not exist
             self.b.systemd.daemon_reload()
@@ -483,7 +488,8 @@ class Service(Subsystem):
             launch.respawn(ref, ch.data["before"], self.b)
 
     def restore(self, change):
-        from hkgpu_tune.serve import forms, launch, redeploy
+        from hkgpu_tune.serve.repository import redeploy
+        from hkgpu_tune.serve.running import forms, launch
         d = change.data
         if d.get("restored"):  # put back already, by the failed gate
             return
@@ -497,7 +503,7 @@ class Service(Subsystem):
             self._restore_launch(change)
 
     def facts(self) -> dict:
-        from hkgpu_tune.serve import forms
+        from hkgpu_tune.serve.running import forms
         st = self.read()
         st["placement"] = forms.placement(self.t, self.b)
         return st
@@ -512,7 +518,7 @@ def _check_service(c) -> None:
     fields.one_of(c.key, "key", ("repository", "unit", "served_config", "service", "command"))
     if "unit" in c.data:   # the service of several (triton.services) the change belongs to
         u = c.data["unit"]
-        from hkgpu_tune.serve.config import UNIT_RE   # the profile's own rule for a unit name
+        from hkgpu_tune.serve.schema.config import UNIT_RE   # the profile's own rule for a unit name
         if not (isinstance(u, str) and re.fullmatch(UNIT_RE, u)):
             fields.fail(f"data.unit: {u!r} is not a unit name")
     if c.key == "repository":
@@ -521,21 +527,21 @@ def _check_service(c) -> None:
             fields.fail(f"data.model: {m!r} is not a model name")
         if "model_dir" in c.data:  # paths rollback moves and removes (triton/redeploy.py)
             from hkgpu_tune.core.errors import StateError
-            from hkgpu_tune.serve.redeploy import check_record
+            from hkgpu_tune.serve.repository.redeploy import check_record
             try:
                 check_record(c.data)
             except StateError as e:
                 fields.fail(str(e))
     if c.key == "unit" and c.data.get("before") is not None:   # the text rollback writes back
         from hkgpu_tune.core.errors import HkError
-        from hkgpu_tune.serve.shapes import check_unit_text
+        from hkgpu_tune.serve.schema.shapes import check_unit_text
         try:
             check_unit_text(c.data["before"])
         except HkError as e:
             fields.fail(str(e))
-    if c.key == "command":   # a respawn record: only a Triton server command (serve.records)
+    if c.key == "command":   # a respawn record: only a Triton server command (serve.running.records)
         from hkgpu_tune.core.errors import HkError
-        from hkgpu_tune.serve.records import check_record
+        from hkgpu_tune.serve.running.records import check_record
         try:
             check_record(c.data.get("before"))
         except HkError as e:
@@ -545,12 +551,12 @@ def _check_service(c) -> None:
 
 
 def _parse(node):
-    from hkgpu_tune.serve.services import parse_profile
+    from hkgpu_tune.serve.schema.services import parse_profile
     return parse_profile(node)
 
 
 def _check_layout(profile) -> None:
-    from hkgpu_tune.serve.devices import check_layout
+    from hkgpu_tune.serve.schema.devices import check_layout
     check_layout(profile)
 
 

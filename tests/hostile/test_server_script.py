@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from hkgpu_tune.serve import forms, launch
+from hkgpu_tune.serve.running import forms, launch
 
 from .test_triton_trust import section
 

@@ -13,7 +13,8 @@ import pytest
 from hkgpu_tune.core.errors import HkError, ProfileError
 from hkgpu_tune.core.profile import parse_profile_text
 from hkgpu_tune.core.report import Change
-from hkgpu_tune.serve import forms, records, shapes
+from hkgpu_tune.serve.schema import shapes
+from hkgpu_tune.serve.running import forms, records
 from hkgpu_tune.subsystems.mps import MpsProfile, render_unit
 from hkgpu_tune.tune import settings
 

@@ -13,7 +13,7 @@ import pytest
 
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.core.profile import parse_profile_text
-from hkgpu_tune.serve import forms, launch, records
+from hkgpu_tune.serve.running import forms, launch, records
 from hkgpu_tune.tune import settings
 from hkgpu_tune.core.report import Change
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: files of 
 def section(tmp_path, **top):
     doc = profile_dict(tmp_path, (18000, 18001, 18002))
     doc["triton"].update({"supervisor": "process", **top})
-    from hkgpu_tune.serve.config import section as sec
+    from hkgpu_tune.serve.schema.config import section as sec
     return sec(parse_profile_text(dump(doc), str(tmp_path / "p.yaml")))
 
 

@@ -3,7 +3,7 @@ import pytest
 
 from hkgpu_tune.core.errors import ProfileError
 from hkgpu_tune.core.profile import parse_profile_text
-from hkgpu_tune.serve import forms
+from hkgpu_tune.serve.running import forms
 
 from .conftest import dump, profile_dict
 

@@ -19,7 +19,8 @@ from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.core.profile import parse_profile_text
 from hkgpu_tune.core.report import DRIFT, OK
 from hkgpu_tune.subsystems.triton import Plugin
-from hkgpu_tune.serve import container, forms, launch, render
+from hkgpu_tune.serve.repository import render
+from hkgpu_tune.serve.running import container, forms, launch
 from tests.standins import triton_tensorrt
 
 STANDINS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "standins")

@@ -6,7 +6,7 @@ import pytest
 from hkgpu_tune.backends import Backends
 from hkgpu_tune.backends.nvml import Nvml
 from hkgpu_tune.core.profile import parse_profile_text
-from hkgpu_tune.serve import forms
+from hkgpu_tune.serve.running import forms
 
 from .conftest import dump, profile_dict
 

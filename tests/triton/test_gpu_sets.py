@@ -12,7 +12,8 @@ from hkgpu_tune.backends import Backends
 from hkgpu_tune.backends.nvml import ReplayNvml
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.core.profile import parse_profile_text
-from hkgpu_tune.serve import forms, render
+from hkgpu_tune.serve.repository import render
+from hkgpu_tune.serve.running import forms
 
 from .conftest import dump, profile_dict
 
@@ -69,7 +70,7 @@ def test_a_gpu_outside_the_set_is_refused_at_its_line(tmp_path):
 def test_an_mps_client_counts_among_the_daemons_gpus(tmp_path):
     """NVIDIA's MPS guide: a client's CUDA_VISIBLE_DEVICES is read among the devices its control
     daemon sees (the daemon's own CUDA_VISIBLE_DEVICES), so GPU 5 of a daemon serving 4-7 is 1."""
-    from hkgpu_tune.serve.config import section
+    from hkgpu_tune.serve.schema.config import section
     doc = profile_dict(tmp_path, (18000, 18001, 18002))
     doc["triton"].update(gpu=[5, 6], launch="binary")
     doc["triton"]["models"][0]["instance_group"] = [{"count": 1, "kind": "KIND_GPU", "gpus": [6]}]

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from hkgpu_tune.core.profile import parse_profile_text
-from hkgpu_tune.serve import forms, records
+from hkgpu_tune.serve.running import forms, records
 
 from tests.helpers import processes
 
@@ -131,7 +131,7 @@ def test_the_record_names_the_server_only_by_program_start_time_session_and_user
     root signals its process group only when all of them match what it started."""
     import subprocess
 
-    from hkgpu_tune.serve.launch import _alive, _start_ticks
+    from hkgpu_tune.serve.running.launch import _alive, _start_ticks
     p = subprocess.Popen(["/bin/sleep", "30"], start_new_session=True)
     q = subprocess.Popen(["/bin/sleep", "30"])   # same program, not a session leader
     try:
@@ -155,7 +155,8 @@ def test_a_link_planted_at_the_process_record_is_refused_and_no_server_is_left(t
     started is stopped (without its record nothing could stop it later)."""
     from hkgpu_tune.core.errors import HkError
     from hkgpu_tune.core.profile import load_profile
-    from hkgpu_tune.serve import forms, launch, render
+    from hkgpu_tune.serve.repository import render
+    from hkgpu_tune.serve.running import forms, launch
     from .conftest import free_ports
     p = tmp_path / "p.yaml"
     p.write_text(dump(profile_dict(tmp_path, free_ports(3))))

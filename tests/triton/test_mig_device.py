@@ -17,7 +17,8 @@ from hkgpu_tune.backends import Backends
 from hkgpu_tune.backends.nvml import ReplayNvml
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.core.profile import parse_profile_text
-from hkgpu_tune.serve import forms, render, tensorrt
+from hkgpu_tune.serve.repository import render, tensorrt
+from hkgpu_tune.serve.running import forms
 
 from .conftest import dump, profile_dict
 
@@ -151,7 +152,7 @@ def test_verify_names_a_missing_mig_device_as_drift_never_ok(tmp_path):
 def test_an_mps_client_on_a_mig_device_keeps_its_uuid(tmp_path):
     """NVIDIA's MPS guide: a UUID in CUDA_VISIBLE_DEVICES means the same device to the daemon and its
     clients (indices are renumbered among the daemon's); the daemon must serve that MIG device."""
-    from hkgpu_tune.serve.config import section
+    from hkgpu_tune.serve.schema.config import section
     doc = profile_dict(tmp_path, (18000, 18001, 18002))
     doc["triton"].update(gpu=MIG_A, launch="binary")
     doc["mps"] = {"pipe_dir": f"{tmp_path}/pipe", "log_dir": f"{tmp_path}/log", "gpus": [MIG_A]}
@@ -173,7 +174,7 @@ def test_an_mps_client_on_a_mig_device_keeps_its_uuid(tmp_path):
 
 
 def test_the_mps_client_check_reads_the_parent_gpus_processes(tmp_path, monkeypatch):
-    from hkgpu_tune.serve import launch as launch_mod
+    from hkgpu_tune.serve.running import launch as launch_mod
     from hkgpu_tune.subsystems.triton import Plugin
     doc = profile_dict(tmp_path, (18000, 18001, 18002))
     doc["triton"].update(gpu=MIG_B)

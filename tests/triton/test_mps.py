@@ -12,7 +12,8 @@ from hkgpu_tune.tune.engine import Engine
 from hkgpu_tune.core.profile import parse_profile_text
 from hkgpu_tune.core.report import DRIFT, OK, UNSUPPORTED
 from hkgpu_tune.subsystems import triton
-from hkgpu_tune.serve import forms, launch, render
+from hkgpu_tune.serve.repository import render
+from hkgpu_tune.serve.running import forms, launch
 
 from .conftest import dump, free_ports, needs_server, profile_dict
 

@@ -17,7 +17,9 @@ from hkgpu_tune.tune.engine import Engine
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.core.profile import load_profile
 from hkgpu_tune.core.report import DRIFT, OK
-from hkgpu_tune.serve import client, forms, gate, launch, render
+from hkgpu_tune.serve.repository import render
+from hkgpu_tune.serve.running import client, forms, launch
+from hkgpu_tune.serve.measuring import gate
 
 from tests.helpers import gone, processes
 

@@ -14,7 +14,7 @@ import pytest
 
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.core.profile import parse_profile_text
-from hkgpu_tune.serve import forms, launch
+from hkgpu_tune.serve.running import forms, launch
 from tests.helpers import gone
 
 from .conftest import DATA, dump, free_ports, profile_dict

@@ -22,7 +22,7 @@ import yaml
 from hkgpu_tune.tune import persist
 from hkgpu_tune.core.profile import parse_profile_text
 from hkgpu_tune.subsystems import mps
-from hkgpu_tune.serve import forms
+from hkgpu_tune.serve.running import forms
 
 from ..helpers import REPO, role_filters
 from .conftest import HAVE_PYTRITON, dump, profile_dict
@@ -70,7 +70,7 @@ def triton(tmp_path, mps_dirs=None, **top):
     doc["triton"].update(top)
     if mps_dirs:
         doc["mps"] = {"pipe_dir": mps_dirs[0], "log_dir": mps_dirs[1]}
-    from hkgpu_tune.serve.config import section
+    from hkgpu_tune.serve.schema.config import section
     return section(parse_profile_text(dump(doc), str(tmp_path / "p.yaml")))
 
 

@@ -8,7 +8,7 @@ from hkgpu_tune.tune.engine import Engine
 from hkgpu_tune.core.profile import parse_profile_text
 from hkgpu_tune.core.report import DRIFT, ERROR, OK, UNSUPPORTED
 from hkgpu_tune.subsystems.triton import Plugin
-from hkgpu_tune.serve import forms, launch
+from hkgpu_tune.serve.running import forms, launch
 
 from .conftest import dump, free_ports, profile_dict
 
@@ -65,7 +65,7 @@ def test_start_under_systemd_installs_the_unit_and_enables_it(tmp_path, monkeypa
     # the unit's user (the default, triton-server, absent here) is checked first: test_launch_access.py
     checked = []
     monkeypatch.setattr(launch, "check_user_access", lambda t, user: checked.append(user))
-    from hkgpu_tune.serve import render
+    from hkgpu_tune.serve.repository import render
     render.write_repository(t)
     place = {"cpus": [0], "mems": [], "numa_node": None, "source": "test"}
     st = launch.start(t, b, place=place)
@@ -106,7 +106,7 @@ def test_a_unit_whose_stop_settings_changed_is_reloaded_not_restarted(tmp_path, 
     systemd reads those at the stop, after the daemon-reload."""
     prof, t = plugin(tmp_path, supervisor="systemd")
     b, cmd = systemd(tmp_path, active={"hkgpu-triton.service"})
-    from hkgpu_tune.serve import render
+    from hkgpu_tune.serve.repository import render
     render.write_repository(t)
     forms.install_unit(t, b)
     unit = tmp_path / "root" / "etc" / "systemd" / "system" / "hkgpu-triton.service"
@@ -114,7 +114,7 @@ def test_a_unit_whose_stop_settings_changed_is_reloaded_not_restarted(tmp_path, 
     restarts = []
     monkeypatch.setattr(launch, "restart", lambda *a, **k: restarts.append(a))
     from types import SimpleNamespace
-    from hkgpu_tune.serve import gate
+    from hkgpu_tune.serve.measuring import gate
     monkeypatch.setattr(gate, "run_gate", lambda *a, **k: SimpleNamespace(passed=True, client_bound=False,
                                                                          message="p99 ok", loads=[]))
     p = Plugin(prof, b)
@@ -189,7 +189,7 @@ def test_compare_of_a_running_service(tmp_path):
 
 def test_plan_without_trtexec_is_unsupported_not_a_crash(tmp_path, monkeypatch):
     (tmp_path / "m.onnx").write_bytes(b"x")
-    from hkgpu_tune.serve import tensorrt
+    from hkgpu_tune.serve.repository import tensorrt
     monkeypatch.setattr(tensorrt, "trtexec_path", lambda: None)
     prof = parse_profile_text(f"""\
 triton:

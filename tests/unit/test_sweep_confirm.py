@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hkgpu_tune.serve import sweep, sweep_out
+from hkgpu_tune.serve.measuring import sweep, sweep_out
 
 
 def load(conc, p99, errors=0, duration=5.0):

@@ -10,7 +10,7 @@ import pytest
 
 from hkgpu_tune.core.errors import ProfileError
 from hkgpu_tune.core.profile import parse_profile_text
-from hkgpu_tune.serve.config import Services, section, services
+from hkgpu_tune.serve.schema.config import Services, section, services
 
 MODEL = ("    - {name: doubler, backend: python, model_file: MODEL, max_batch_size: 8,\n"
          "       inputs: [{name: I, data_type: FP32, dims: [4]}], outputs: [{name: O, data_type: FP32, dims: [4]}]}\n")
@@ -123,7 +123,7 @@ def test_verify_reads_each_servers_cpus_against_its_gpus(model, monkeypatch):
     its GPU's local CPUs and NUMA node (the placement NVML gives; set here, as no GPU is present)."""
     import os
     from hkgpu_tune.backends import Backends
-    from hkgpu_tune.serve import forms, launch
+    from hkgpu_tune.serve.running import forms, launch
     from hkgpu_tune.subsystems.triton import Service
     prof = parse_profile_text(text(model, TWO), "node.yaml")
     b = Backends()

@@ -15,7 +15,7 @@ import time
 
 from hkgpu_tune.core.errors import HkError, UnsupportedError
 from hkgpu_tune.core.fsutil import atomic_write, check_trusted
-from hkgpu_tune.serve import client, forms, records
+from hkgpu_tune.serve.running import client, forms, records
 
 # ---------------------------------------------------------------- start / status / stop
 def _state_path(t) -> str:
@@ -234,14 +234,14 @@ def start(t, backends=None, place: dict | None = None) -> dict:
     cur = status(t, backends)
     if cur["active"]:
         return cur
-    from hkgpu_tune.serve.render import check_models
-    from hkgpu_tune.serve import render
+    from hkgpu_tune.serve.repository.render import check_models
+    from hkgpu_tune.serve.repository import render
     check_models(t)
     if t.launch == "binary":
         forms.server_binary(t)
         forms.prepare_backends(t)
     else:   # the image holds what each model needs: one line naming the model, before anything runs
-        from hkgpu_tune.serve import container
+        from hkgpu_tune.serve.running import container
         container.check_image(t, backends.cmd)
     _check_repository(t)
     render.repository_state(t, backends)  # re-checks config.pbtxt against the schema
