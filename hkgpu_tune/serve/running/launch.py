@@ -93,18 +93,163 @@ def _script(path: str) -> bool:
         return False
 
 
+class Server:
+    """A service as it runs, chosen once from its supervisor (server()): a systemd unit, or a process
+    this tool supervises (a tritonserver binary or a container runtime's `run`, as its record says).
+    `t` is the profile's section or a ServiceRef (rollback has no profile)."""
+    name = ""       # the supervisor: systemd | process
+    reaps = False   # whether the server is our child, whose exit status we read
+
+    def __init__(self, t, backends=None):
+        self.t, self.backends = t, backends
+
+    def status(self) -> dict:
+        """{'active': bool, 'state': str, 'target': str, 'pid': int|None, 'reason': str}"""
+        raise NotImplementedError
+
+    def explicit(self) -> bool:
+        """Whether the running server takes loads through the repository API (explicit model control)."""
+        raise NotImplementedError
+
+    def main_pid(self) -> int | None:
+        raise NotImplementedError
+
+    def run(self, place: dict) -> dict:
+        """Start the checked service with the placement; what to add to its status."""
+        raise NotImplementedError
+
+    def stop(self, timeout: float) -> dict:
+        raise NotImplementedError
+
+
+class Unit(Server):
+    """The systemd unit hkgpu-tune renders: systemd starts, restarts and stops it."""
+    name = "systemd"
+
+    def status(self) -> dict:
+        name = forms.unit_name(self.t)
+        active = forms._b(self.backends).systemd.is_active(name)
+        return {"active": active, "state": "active" if active else "inactive", "target": name, "pid": None,
+                "reason": "" if active else f"systemctl is-active {name}: not active"}
+
+    def explicit(self) -> bool:
+        return True   # a unit is as rendered once apply has installed it
+
+    def main_pid(self) -> int | None:
+        r = forms._b(self.backends).cmd.run(["systemctl", "show", "--property=MainPID", "--value",
+                                             forms.unit_name(self.t)])
+        return int(r.out.strip() or 0) if r.rc == 0 and r.out.strip().isdigit() else None
+
+    def run(self, place: dict) -> dict:
+        forms.install_unit(self.t, self.backends, place)
+        forms._b(self.backends).systemd.enable(forms.unit_name(self.t), now=True)
+        return {}
+
+    def stop(self, timeout: float) -> dict:
+        b, name = forms._b(self.backends), forms.unit_name(self.t)
+        if not b.systemd.is_active(name):
+            return {"stopped": False, "how": "was not running", "left": []}
+        t0 = time.monotonic()
+        # KillMode=control-group: the stubs go with the server; the unit's TimeoutStopSec ends it
+        b.systemd.stop(name, timeout=forms.unit_stop_s(timeout) + 15)   # systemd's own kill ends it before
+        rep = {"stopped": not b.systemd.is_active(name), "how": "systemctl stop", "left": [],
+               "seconds": round(time.monotonic() - t0, 2)}
+        return rep | _slow_stop(rep, timeout, f"journalctl -u {name}")
+
+
+class Process(Server):
+    """A process in its own session that this tool started and keeps a record of (no systemd)."""
+    name = "process"
+    reaps = True
+
+    def status(self) -> dict:
+        st = _load_state(self.t)
+        if _alive(st):
+            return {"active": True, "state": "running", "target": f"process {st['pid']}", "pid": st["pid"],
+                    "reason": f"started {time.strftime('%H:%M:%S', time.localtime(st['started']))}, no systemd"}
+        why = "not started" if st is None else f"process {st['pid']} is gone (see {st.get('log')})"
+        return {"active": False, "state": "stopped", "target": self.t.unit, "pid": None, "reason": why}
+
+    def explicit(self) -> bool:
+        st = process_record(self.t)   # a process says so in its argv
+        return bool(st) and f"--model-control-mode={forms.CONTROL_MODE}" in st["argv"]
+
+    def main_pid(self) -> int | None:
+        st = process_record(self.t)
+        if not st:
+            return None
+        pid = st["pid"]
+        if st.get("launch") == "container":  # the server runs under the runtime, not under its client
+            r = forms._b(self.backends).cmd.run([self.t.runtime, "inspect", "--format", "{{.State.Pid}}",
+                                                 self.t.unit])
+            pid = int(r.out.strip()) if r.rc == 0 and r.out.strip().isdigit() else pid
+        return pid
+
+    def run(self, place: dict) -> dict:
+        t = self.t
+        argv = forms.command(t, place, self.backends)     # a MIG position: its UUID now
+        if t.launch == "container":
+            try:
+                argv[0] = records.runtime_path(t.runtime)
+            except HkError:
+                raise UnsupportedError(f"triton: container runtime {t.runtime} not found") from None
+        added = forms.server_env(t, self.backends) if t.launch == "binary" else {}
+        user = service_user(t, self.name) if t.launch == "binary" else None
+        _spawn(forms.ServiceRef.of(t, self.backends), argv, added, user, t.launch, place)
+        return {"argv": argv, "log": os.path.join(t.run_dir, forms.LOG_FILE)}
+
+    def stop(self, timeout: float) -> dict:
+        t = self.t
+        st = _load_state(t)
+        if not _alive(st):
+            _reap(t)
+            _clear_state(t)
+            return {"stopped": False, "how": "was not running", "left": []}
+        pid = st["pid"]
+        t0 = time.monotonic()
+        if st.get("launch") == "container":
+            from hkgpu_tune.backends.command import Command
+            Command().run([t.runtime, "stop", "--time", str(int(timeout) + forms.STOP_GRACE_S), t.unit],
+                          timeout=timeout + 2 * forms.STOP_GRACE_S)
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        how = "SIGTERM"
+        grace = forms.STOP_GRACE_S if timeout > 0 else 0   # timeout 0: kill now
+        while _group_members(pid) and time.monotonic() - t0 < timeout + grace:
+            _reap(t)
+            time.sleep(0.05)
+        left = _group_members(pid)
+        if left:
+            how = "SIGKILL after timeout"
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            deadline = time.monotonic() + 5
+            while _group_members(pid) and time.monotonic() < deadline:
+                _reap(t)
+                time.sleep(0.05)
+        if pid in _CHILDREN:
+            _CHILDREN.pop(pid).wait(timeout=5)
+        left = _group_members(pid)
+        _clear_state(t)
+        rep = {"stopped": not left, "how": how, "seconds": round(time.monotonic() - t0, 2), "left": left}
+        return rep | _slow_stop(rep, timeout, st.get("log") or "its log")
+
+
+SERVERS = {"systemd": Unit, "process": Process}
+
+
+def server(t, backends=None) -> Server:
+    """The service's Server, by its supervisor (resolved: systemd where it manages services)."""
+    return SERVERS[forms.supervisor(t, backends)](t, backends)
+
+
 def status(t, backends=None) -> dict:
     """{'active': bool, 'state': str, 'target': str, 'pid': int|None, 'reason': str}"""
-    if forms.supervisor(t, backends) == "systemd":
-        active = forms._b(backends).systemd.is_active(forms.unit_name(t))
-        return {"active": active, "state": "active" if active else "inactive", "target": forms.unit_name(t), "pid": None,
-                "reason": "" if active else f"systemctl is-active {forms.unit_name(t)}: not active"}
-    st = _load_state(t)
-    if _alive(st):
-        return {"active": True, "state": "running", "target": f"process {st['pid']}", "pid": st["pid"],
-                "reason": f"started {time.strftime('%H:%M:%S', time.localtime(st['started']))}, no systemd"}
-    why = "not started" if st is None else f"process {st['pid']} is gone (see {st.get('log')})"
-    return {"active": False, "state": "stopped", "target": t.unit, "pid": None, "reason": why}
+    return server(t, backends).status()
 
 
 def process_record(t) -> dict | None:
@@ -122,27 +267,13 @@ def launched_as(t, backends=None) -> dict:
 def explicit(t, backends=None) -> bool:
     """Whether the running server takes loads through the repository API (explicit model control).
     A unit is as rendered once apply has installed it; a process says so in its argv."""
-    if forms.supervisor(t, backends) == "systemd":
-        return True
-    st = process_record(t)
-    return bool(st) and f"--model-control-mode={forms.CONTROL_MODE}" in st["argv"]
+    return server(t, backends).explicit()
 
 
 def server_pids(t, backends=None) -> list[int]:
     """The server's process and its descendants (the Python backend stubs); [] when not running."""
     import psutil
-    ref = forms.ServiceRef.of(t, backends)
-    pid = None
-    if ref.supervisor == "systemd":
-        r = forms._b(backends).cmd.run(["systemctl", "show", "--property=MainPID", "--value", forms.unit_name(ref)])
-        pid = int(r.out.strip() or 0) if r.rc == 0 and r.out.strip().isdigit() else None
-    else:
-        st = process_record(ref)
-        if st:
-            pid = st["pid"]
-            if st.get("launch") == "container":  # the server runs under the runtime, not under its client
-                r = forms._b(backends).cmd.run([ref.runtime, "inspect", "--format", "{{.State.Pid}}", ref.unit])
-                pid = int(r.out.strip()) if r.rc == 0 and r.out.strip().isdigit() else pid
+    pid = server(t, backends).main_pid()
     if not pid:
         return []
     try:
@@ -246,26 +377,13 @@ def start(t, backends=None, place: dict | None = None) -> dict:
     _check_repository(t)
     render.repository_state(t, backends)  # re-checks config.pbtxt against the schema
     place = place if place is not None else forms.placement(t, backends)
-    sup = forms.supervisor(t, backends)
-    user = service_user(t, sup)
+    srv = server(t, backends)
+    user = service_user(t, srv.name)
     if t.launch == "binary" and user and user != "root":
         check_user_access(t, user)
-    if sup == "systemd":
-        check_ports(t)
-        forms.install_unit(t, backends, place)
-        forms._b(backends).systemd.enable(forms.unit_name(t), now=True)
-        return status(t, backends)
     check_ports(t)
-    argv = forms.command(t, place, backends)     # a MIG position: its UUID now
-    if t.launch == "container":
-        try:
-            argv[0] = records.runtime_path(t.runtime)
-        except HkError:
-            raise UnsupportedError(f"triton: container runtime {t.runtime} not found") from None
-    added = forms.server_env(t, backends) if t.launch == "binary" else {}
-    user = user if t.launch == "binary" else None
-    _spawn(forms.ServiceRef.of(t, backends), argv, added, user, t.launch, place)
-    return status(t, backends) | {"argv": argv, "log": os.path.join(t.run_dir, forms.LOG_FILE)}
+    started = srv.run(place)
+    return srv.status() | started
 
 
 def service_user(t, sup: str) -> str | None:
@@ -367,7 +485,7 @@ def wait_ready(t, backends=None, timeout: float | None = None) -> float:
             if c.ready() and all(c.model_ready(m.name) for m in t.models) and not endpoints_down(t):
                 return time.monotonic() - t0
             st = status(t, backends)
-            if not st["active"] and forms.supervisor(t, backends) == "process":
+            if not st["active"] and server(t, backends).reaps:
                 # our child seen not alive: it may be mid-exit (its /proc entries going away before it
                 # is a zombie); its exit status says how it ended, or that it is still running
                 how = _reap(t, wait_s=5.0)
@@ -451,53 +569,7 @@ def stop(t, backends=None, timeout: float | None = None) -> dict:
     `timeout` is the server's own --exit-timeout-secs: tritonserver waits that long for open HTTP
     connections to close and models to unload, then ends itself; the SIGKILL comes STOP_GRACE_S later."""
     timeout = forms.ServiceRef.of(t, backends).stop_timeout_s if timeout is None else timeout
-    if forms.supervisor(t, backends) == "systemd":
-        b = forms._b(backends)
-        if not b.systemd.is_active(forms.unit_name(t)):
-            return {"stopped": False, "how": "was not running", "left": []}
-        t0 = time.monotonic()
-        # KillMode=control-group: the stubs go with the server; the unit's TimeoutStopSec ends it
-        b.systemd.stop(forms.unit_name(t), timeout=forms.unit_stop_s(timeout) + 15)   # systemd's own kill ends it before
-        rep = {"stopped": not b.systemd.is_active(forms.unit_name(t)), "how": "systemctl stop", "left": [],
-               "seconds": round(time.monotonic() - t0, 2)}
-        return rep | _slow_stop(rep, timeout, f"journalctl -u {forms.unit_name(t)}")
-    st = _load_state(t)
-    if not _alive(st):
-        _reap(t)
-        _clear_state(t)
-        return {"stopped": False, "how": "was not running", "left": []}
-    pid = st["pid"]
-    t0 = time.monotonic()
-    if st.get("launch") == "container":
-        from hkgpu_tune.backends.command import Command
-        Command().run([t.runtime, "stop", "--time", str(int(timeout) + forms.STOP_GRACE_S), t.unit],
-                      timeout=timeout + 2 * forms.STOP_GRACE_S)
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    how = "SIGTERM"
-    grace = forms.STOP_GRACE_S if timeout > 0 else 0   # timeout 0: kill now
-    while _group_members(pid) and time.monotonic() - t0 < timeout + grace:
-        _reap(t)
-        time.sleep(0.05)
-    left = _group_members(pid)
-    if left:
-        how = "SIGKILL after timeout"
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        deadline = time.monotonic() + 5
-        while _group_members(pid) and time.monotonic() < deadline:
-            _reap(t)
-            time.sleep(0.05)
-    if pid in _CHILDREN:
-        _CHILDREN.pop(pid).wait(timeout=5)
-    left = _group_members(pid)
-    _clear_state(t)
-    rep = {"stopped": not left, "how": how, "seconds": round(time.monotonic() - t0, 2), "left": left}
-    return rep | _slow_stop(rep, timeout, st.get("log") or "its log")
+    return server(t, backends).stop(timeout)
 
 
 def _slow_stop(rep: dict, timeout: float, log: str) -> dict:
