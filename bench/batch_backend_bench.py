@@ -17,7 +17,9 @@ sys.path.insert(0, os.path.dirname(HERE))
 import yaml  # noqa: E402
 
 from hkgpu_tune.core.profile import load_profile  # noqa: E402
-from hkgpu_tune.serve import launch, loadgen, render, sweep  # noqa: E402
+from hkgpu_tune.serve.repository import render  # noqa: E402
+from hkgpu_tune.serve.running import launch  # noqa: E402
+from hkgpu_tune.serve.measuring import loadgen, sweep  # noqa: E402
 
 
 def model(name, backend, instances):

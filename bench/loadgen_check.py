@@ -1,4 +1,4 @@
-"""Check the gate's load generator against the independent plain client (hkgpu_tune.serve.plain),
+"""Check the gate's load generator against the independent plain client (hkgpu_tune.serve.measuring.plain),
 side by side on the same running server, config and in-flight count.
 
 For each in-flight count: the load generator as the gate sizes it (processes, binary outputs) over
@@ -21,7 +21,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from hkgpu_tune.core.profile import load_profile           # noqa: E402
-from hkgpu_tune.serve import client, gate, loadgen, plain  # noqa: E402
+from hkgpu_tune.serve.running import client  # noqa: E402
+from hkgpu_tune.serve.measuring import gate, loadgen, plain  # noqa: E402
 
 
 def check(t, model, conc: int, seconds: float, processes: int | None, plain_processes: int | None) -> dict:
@@ -54,7 +55,7 @@ def main() -> int:
     ap.add_argument("--plain-processes", type=int, help="plain client processes (default: the same)")
     ap.add_argument("--out", help="write the JSON here")
     a = ap.parse_args()
-    from hkgpu_tune.serve.config import section
+    from hkgpu_tune.serve.schema.config import section
     t = section(load_profile(a.profile), a.unit)
     model = t.model(a.model) if a.model else t.models[0]
     rows = []

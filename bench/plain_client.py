@@ -1,4 +1,4 @@
-"""The independent plain client (hkgpu_tune.serve.plain: http.client keep-alive threads in several
+"""The independent plain client (hkgpu_tune.serve.measuring.plain: http.client keep-alive threads in several
 processes, binary tensors, standard library only) against a running Triton server.
 
     python3 bench/plain_client.py --url 127.0.0.1:8000 --model resnet50 --input INPUT:UINT8:3,224,224 \
@@ -13,7 +13,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from hkgpu_tune.serve import plain  # noqa: E402
+from hkgpu_tune.serve.measuring import plain  # noqa: E402
 
 
 def main() -> int:

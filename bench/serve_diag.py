@@ -35,7 +35,7 @@ def log(msg: str) -> None:
 
 
 def engine_main(opts: dict, batches: list[int], seconds: float) -> None:
-    from hkgpu_tune.serve.torch_model import TorchEngine
+    from hkgpu_tune.serve.repository.torch_model import TorchEngine
     import torch
     t0 = time.monotonic()
     eng = TorchEngine("resnet50", batches, device="cuda:0", log=print, **opts)
@@ -148,7 +148,7 @@ def main() -> int:
         return 0
 
     from hkgpu_tune.core.errors import HkError
-    from hkgpu_tune.serve import loadgen, sweep
+    from hkgpu_tune.serve.measuring import loadgen, sweep
     from serve_h200 import triton_section, hk
     prof = os.path.join(tempfile.mkdtemp(prefix="hkgpu-diag-"), "profile.yaml")
     shutil.copyfile(os.path.join(HERE, "h200-resnet50.yaml"), prof)

@@ -7,7 +7,7 @@
           --shm; with --check, the load generator against the plain client at those in-flight counts
   limit   the same torch engine in-process: best batch, no server
 
-All three are loaded by the same load generator (hkgpu_tune.serve.loadgen): one image per request,
+All three are loaded by the same load generator (hkgpu_tune.serve.measuring.loadgen): one image per request,
 several processes, many requests in flight. GPU utilisation is sampled with NVML over the tuned run.
 Writes serve-h200.json and serve-h200.png into --out, and prints the targets with pass/fail.
 
@@ -34,7 +34,7 @@ sys.path.insert(0, REPO)
 sys.path.insert(0, HERE)   # bench/loadgen_check.py
 
 from hkgpu_tune.core.errors import HkError  # noqa: E402
-from hkgpu_tune.serve import loadgen, sweep  # noqa: E402
+from hkgpu_tune.serve.measuring import loadgen, sweep, sweep_out  # noqa: E402
 
 SETTINGS = ("persistence_mode,compute_mode,mig.mode.current,ecc.mode.current,power.limit,"
             "clocks.applications.graphics,clocks.applications.memory")
@@ -115,14 +115,14 @@ class GpuSampler:
 
 
 def free_port() -> int:
-    from hkgpu_tune.serve import client
+    from hkgpu_tune.serve.running import client
     return client.free_ports(1)[0]
 
 
 # ---------------------------------------------------------------- limit
 def limit_main(args) -> None:
     """In-process: the torch engine at each batch, input already on the GPU, and with the copies."""
-    from hkgpu_tune.serve.torch_model import TorchEngine
+    from hkgpu_tune.serve.repository.torch_model import TorchEngine
     import torch
     batches = [int(b) for b in args.limit_batches.split(",")]
     opts = json.loads(args.engine_opts or "{}")
@@ -154,7 +154,7 @@ def limit_main(args) -> None:
 
 def engine_opts(args) -> dict:
     """The served model's engine settings (the profile's build and config parameters), for the limit."""
-    from hkgpu_tune.serve.torch_model import engine_options
+    from hkgpu_tune.serve.repository.torch_model import engine_options
     m = triton_section(args.profile).model(args.model)
     params = {k: v.get("string_value", "") for k, v in m.config.get("parameters", {}).items()}
     opts = engine_options(params, m.inputs[0]["data_type"])
@@ -266,7 +266,7 @@ def serve_and_measure(args, prof: str, t, model, res: dict, mps: bool) -> None:
             p = hk("triton", "start", "-p", prof, "--no-gate", "--json", timeout=300)
             if p.returncode != 0:
                 raise HkError(f"hkgpu-tune triton start failed: {(p.stderr or p.stdout).strip()[-1500:]}")
-        from hkgpu_tune.serve import launch
+        from hkgpu_tune.serve.running import launch
         svc = launch.status(t)
     except BaseException:
         hk("triton", "stop", "-p", prof, "--json")
@@ -327,10 +327,11 @@ def serve_and_measure(args, prof: str, t, model, res: dict, mps: bool) -> None:
 
 
 def plain_ladder(args, t, model) -> list[dict]:
-    """The independent plain client (hkgpu_tune.serve.plain: standard library only, no code shared with
+    """The independent plain client (hkgpu_tune.serve.measuring.plain: standard library only, no code shared with
     the load generator) at each level, ascending, with NVML sampled over its window; stops at the
     first level over the SLO once one held."""
-    from hkgpu_tune.serve import client, plain
+    from hkgpu_tune.serve.running import client
+    from hkgpu_tune.serve.measuring import plain
     req = [(n, dt, shape) for n, dt, shape, _ in client.request_for(model)]
     out = []
     for conc in args.plain_levels:
@@ -353,7 +354,8 @@ def plain_ladder(args, t, model) -> list[dict]:
 def protocols(args, t, model, spec) -> dict:
     """At the headline's load: the load generator over HTTP and over gRPC, and each against an
     independent client of the same protocol (plain: http.client; plain_grpc: tritonclient's own)."""
-    from hkgpu_tune.serve import client, plain, plain_grpc
+    from hkgpu_tune.serve.running import client
+    from hkgpu_tune.serve.measuring import plain, plain_grpc
     req = [(n, dt, shape) for n, dt, shape, _ in client.request_for(model)]
     conc, secs = spec.concurrency, args.protocol_seconds
     out = {}
@@ -427,7 +429,7 @@ def run_tuned(args, workdir: str, res: dict) -> None:
             fits = [p for p in merged.points if p.best]
             merged.best = max(fits, key=lambda p: (p.best["img_s"], -p.best["p99_ms"])) if fits else None
             res["sweep"] = merged.to_dict()
-        res["sweep_table"] = sweep.table(merged)
+        res["sweep_table"] = sweep_out.table(merged)
         print(res["sweep_table"], flush=True)
         bad = sweep.failure(merged)
         if bad:

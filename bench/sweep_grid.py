@@ -19,7 +19,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hkgpu_tune.core.profile import load_profile  # noqa: E402
-from hkgpu_tune.serve import sweep  # noqa: E402
+from hkgpu_tune.serve.measuring import sweep  # noqa: E402
 from hkgpu_tune.subsystems import triton  # noqa: E402
 
 TARGET = 0.9

@@ -21,13 +21,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 import yaml  # noqa: E402
 
 from hkgpu_tune.core.profile import load_profile  # noqa: E402
-from hkgpu_tune.serve import client, gate, launch, render  # noqa: E402
+from hkgpu_tune.serve.repository import render  # noqa: E402
+from hkgpu_tune.serve.running import client, forms, launch  # noqa: E402
+from hkgpu_tune.serve.measuring import gate  # noqa: E402
 
 MODEL_PY = os.path.join(os.path.dirname(__file__), "..", "tests", "triton", "data", "doubler.py")
 
 
 def free_ports(n):
-    from hkgpu_tune.serve import client
+    from hkgpu_tune.serve.running import client
     return client.free_ports(n)
 
 
@@ -53,7 +55,7 @@ def one_run(requests, delay_us):
             yaml.safe_dump(profile(root, delay_us), f)
         t = load_profile(path).section("triton")
         render.write_repository(t)
-        launch.prepare_backends(t)
+        forms.prepare_backends(t)
         t0 = time.monotonic()
         launch.start(t)
         try:

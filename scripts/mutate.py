@@ -26,7 +26,7 @@ NORM, SYS, LINK, QD = ("hkgpu_tune/core/normalize.py", "hkgpu_tune/subsystems/sy
                        "hkgpu_tune/subsystems/link.py", "hkgpu_tune/subsystems/qdisc.py")
 ENG, JOUR, STATE, NODE, PROF = ("hkgpu_tune/tune/engine.py", "hkgpu_tune/tune/journal.py", "hkgpu_tune/tune/state.py",
                                 "hkgpu_tune/core/yamlnode.py", "hkgpu_tune/core/profile.py")
-CLIENT = "hkgpu_tune/serve/client.py"
+CLIENT = "hkgpu_tune/serve/running/client.py"
 UNIT = ["tests/unit/test_normalize.py", "tests/unit/test_sysctl_compare.py", "tests/unit/test_qdisc_compare.py",
         "tests/unit/test_engine.py"]
 JOURNAL = ["tests/unit/test_engine.py", "tests/hostile/test_journal.py", "tests/hostile/test_kills.py"]

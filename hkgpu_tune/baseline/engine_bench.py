@@ -24,7 +24,7 @@ def run(cfg, quick: bool, enabled: bool = True) -> dict:
         return {"status": "skipped", "reason": "left out (--no-engine)"}
     if quick:
         return {"status": "skipped", "reason": "--quick leaves the engine benchmark out"}
-    from hkgpu_tune.serve.tensorrt import trtexec_path
+    from hkgpu_tune.serve.repository.tensorrt import trtexec_path
     trt = trtexec_path()
     plan = getattr(cfg, "plan", None)
     if trt and plan and os.path.isfile(plan):
@@ -51,7 +51,7 @@ def _result(tool, model, batch, rates, lat_ms, extra=None) -> dict:
 
 def _torch(cfg) -> dict:
     import torch
-    from hkgpu_tune.serve.torch_model import TorchEngine
+    from hkgpu_tune.serve.repository.torch_model import TorchEngine
     import numpy as np
     eng = TorchEngine(cfg.model, batches=[cfg.batch], device="cuda:0")
     x = np.random.default_rng(0).standard_normal((cfg.batch, 3, 224, 224)).astype(eng.np_dtype)
@@ -75,7 +75,7 @@ def _torch(cfg) -> dict:
 def _shapes(plan: str, batch: int) -> str | None:
     """--shapes for the plan's inputs at `batch`, from the build flags kept beside the plan
     (tensorrt.key_path: --optShapes=NAME:BxCxHxW,...); None for a plan built elsewhere."""
-    from hkgpu_tune.serve.tensorrt import key_path
+    from hkgpu_tune.serve.repository.tensorrt import key_path
     try:
         with open(key_path(plan)) as f:
             flags = json.load(f)["key"]["flags"]

@@ -85,7 +85,7 @@ def run_mig_env(ctx: Context) -> int:
     import os
     import re
     from hkgpu_tune.core.fsutil import atomic_write, ensure_trusted_dir
-    from hkgpu_tune.serve.devices import MIG_RE, POS_WHAT, ENV_DIR, host_nvml, is_mig, resolve
+    from hkgpu_tune.serve.schema.devices import MIG_RE, POS_WHAT, ENV_DIR, host_nvml, is_mig, resolve
 
     args = ctx.args
     if not is_mig(args.position):

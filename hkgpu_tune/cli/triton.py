@@ -91,7 +91,7 @@ def add_parser(sub) -> None:
 
 
 def _preferred(v: str) -> list[str]:
-    from hkgpu_tune.serve.sweep import preferred_choices
+    from hkgpu_tune.serve.measuring.sweep import preferred_choices
     return preferred_choices(v)
 
 
@@ -131,7 +131,7 @@ def _out(ctx: Context, doc: dict, text: str, profile=True, header=True) -> None:
 
 
 def run_export(ctx: Context) -> int:
-    from hkgpu_tune.serve import tensorrt
+    from hkgpu_tune.serve.repository import tensorrt
     a = ctx.args
     info = tensorrt.export_torchvision(a.model, a.output, image_size=a.image_size, opset=a.opset)
     _out(ctx, info, f"wrote {info['path']} ({info['model']}, input {fmt(info['input'])}, random weights)",
@@ -140,7 +140,7 @@ def run_export(ctx: Context) -> int:
 
 
 def run_render(ctx: Context) -> int:
-    from hkgpu_tune.serve import render
+    from hkgpu_tune.serve.repository import render
     t = _section(ctx)
     b = _backends()
     try:
@@ -153,11 +153,11 @@ def run_render(ctx: Context) -> int:
 
 
 def run_unit(ctx: Context) -> int:
-    from hkgpu_tune.serve import launch
+    from hkgpu_tune.serve.running import forms
     t = _section(ctx)
     b = _backends()
     try:
-        unit = launch.render_unit(t, launch.placement(t, b))
+        unit = forms.render_unit(t, forms.placement(t, b))
     finally:
         b.close()
     if ctx.json:
@@ -170,24 +170,24 @@ def run_unit(ctx: Context) -> int:
 
 
 def run_command(ctx: Context) -> int:
-    from hkgpu_tune.serve import launch
+    from hkgpu_tune.serve.running import forms
     t = _section(ctx)
     b = _backends()
     try:
-        argv = launch.command(t, launch.placement(t, b))
+        argv = forms.command(t, forms.placement(t, b))
     finally:
         b.close()
     if not ctx.json:   # stdout is the command line itself (for $(...)): the profile goes to stderr
         from hkgpu_tune.core.profile import SOURCES
         print(f"triton command: profile {ctx.profile.label} ({SOURCES.get(ctx.profile.source)})",
               file=sys.stderr)
-    _out(ctx, {"argv": argv, "env": launch.server_env(t) if t.launch == "binary" else {}}, shlex.join(argv),
+    _out(ctx, {"argv": argv, "env": forms.server_env(t) if t.launch == "binary" else {}}, shlex.join(argv),
          header=False)
     return EXIT_OK
 
 
 def run_build(ctx: Context) -> int:
-    from hkgpu_tune.serve import tensorrt
+    from hkgpu_tune.serve.repository import tensorrt
     t = _section(ctx)
     b = _backends()
     try:
@@ -199,7 +199,7 @@ def run_build(ctx: Context) -> int:
 
 
 def run_stop(ctx: Context) -> int:
-    from hkgpu_tune.serve import launch
+    from hkgpu_tune.serve.running import launch
     t = _section(ctx)
     b = _backends()
     try:
@@ -213,7 +213,9 @@ def run_stop(ctx: Context) -> int:
 
 
 def run_start(ctx: Context) -> int:
-    from hkgpu_tune.serve import gate, launch, render
+    from hkgpu_tune.serve.repository import render
+    from hkgpu_tune.serve.running import launch
+    from hkgpu_tune.serve.measuring import gate
     a = ctx.args
     t = _section(ctx)
     t0 = time.monotonic()
@@ -242,7 +244,7 @@ def run_start(ctx: Context) -> int:
 
 
 def run_gate(ctx: Context) -> int:
-    from hkgpu_tune.serve import gate
+    from hkgpu_tune.serve.measuring import gate
     a = ctx.args
     t = _section(ctx)
     rep = gate.run_gate(t, p99_ms=a.p99_ms, requests=a.requests, concurrency=a.concurrency,
@@ -258,7 +260,7 @@ def _verdict(rep) -> str:
 
 
 def run_sweep(ctx: Context) -> int:
-    from hkgpu_tune.serve import sweep
+    from hkgpu_tune.serve.measuring import sweep, sweep_out
     a = ctx.args
     t = _section(ctx)
     name = a.model or t.models[0].name
@@ -270,7 +272,7 @@ def run_sweep(ctx: Context) -> int:
         d = os.path.dirname(os.path.abspath(a.png))
         if not os.path.isdir(d) or not os.access(d, os.W_OK):
             raise HkError(f"--png {a.png}: {d} is not a directory this user can write")
-    from hkgpu_tune.serve.config import each
+    from hkgpu_tune.serve.schema.config import each
     if a.write and len(each(ctx.profile.section("triton"))) > 1:
         raise HkError(f"--write: {ctx.profile.label} has several triton services; --write edits a profile of "
                       f"one (sweep it, then put the values into the service's models yourself)")
@@ -292,14 +294,14 @@ def run_sweep(ctx: Context) -> int:
                     log=say, confirm_s=a.confirm_s, check_s=a.check_s, protocol=a.protocol)
     doc = rep.to_dict()
     if a.png and rep.points:
-        doc["png"] = sweep.chart(rep, a.png)
+        doc["png"] = sweep_out.chart(rep, a.png)
     bad = sweep.failure(rep)
     if not bad and a.write:
         try:
             doc["written"] = sweep.write_back(ctx.profile.path, name, rep)
         except HkError as e:   # the measurements are still reported; the refusal is the one error line
             bad = str(e)
-    lines = [sweep.table(rep)]
+    lines = [sweep_out.table(rep)]
     if doc.get("png"):
         lines.append(f"chart: {doc['png']}")
     if rep.best:

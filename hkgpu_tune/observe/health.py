@@ -216,8 +216,8 @@ def _nic_checks(cfg: HealthConfig, counters: dict | None, err: str | None, prev:
 def named_mig(profile) -> list[str]:
     """The MIG devices the profile names (triton.gpu, mps.gpus: UUIDs or mig:GPU/SLOT positions),
     in that order."""
-    from hkgpu_tune.serve.config import each
-    from hkgpu_tune.serve.devices import is_mig
+    from hkgpu_tune.serve.schema.config import each
+    from hkgpu_tune.serve.schema.devices import is_mig
     out: list[str] = []
     for name in ("triton", "mps") if profile is not None else ():
         for one in each(profile.section(name)):   # triton.services: each service's
@@ -230,7 +230,7 @@ def named_mig(profile) -> list[str]:
 def _mig_checks(profile, nvml) -> list[Check]:
     """Each MIG device the profile names still exists: MIG devices do not survive a GPU reset or a
     reboot unless re-created, and a service named on a lost one cannot start."""
-    from hkgpu_tune.serve.devices import mig_check
+    from hkgpu_tune.serve.schema.devices import mig_check
     uuids = named_mig(profile)
     if not uuids:
         return []
@@ -259,8 +259,8 @@ def _verify_checks(profile, res=None) -> list[Check]:
 
 def _triton_checks(profile) -> list[Check]:
     """One per Triton service of the profile (triton.services: each by its unit): ready or not."""
-    from hkgpu_tune.serve import client
-    from hkgpu_tune.serve.config import services
+    from hkgpu_tune.serve.running import client
+    from hkgpu_tune.serve.schema.config import services
     try:
         every = services(profile) if profile is not None else ()
     except HkError as e:

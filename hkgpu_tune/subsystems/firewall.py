@@ -19,7 +19,7 @@ VERDICTS = ("accept", "drop", "reject", "jump", "goto", "return", "queue")
 
 def serving_ports(profile) -> list[int]:
     """Every Triton service's HTTP, gRPC and metrics ports (none in the profile: Triton's defaults)."""
-    from hkgpu_tune.serve.config import each
+    from hkgpu_tune.serve.schema.config import each
     ports = [getattr(getattr(x, k, None), "port", None) for x in each(profile.section("triton"))
              for k in ("http", "grpc", "metrics")]
     return sorted({p for p in ports if isinstance(p, int)} or set(TRITON_PORTS))

@@ -68,7 +68,7 @@ def _parse_gpus(n) -> tuple[int | str, ...] | None:
     """`all`, a list of GPU indices, or one MIG device by position ([mig:GPU/SLOT]) or UUID ([MIG-...]):
     NVIDIA's MIG user guide runs one MPS control daemon per MIG device, with CUDA_VISIBLE_DEVICES set to it."""
     import yaml
-    from hkgpu_tune.serve.devices import MIG_RE, mig_ref
+    from hkgpu_tune.serve.schema.devices import MIG_RE, mig_ref
     items = n.items() if isinstance(n.node, yaml.SequenceNode) else [n]
     if any(isinstance(i.node, yaml.ScalarNode) and str(i.node.value).startswith(("MIG-", "mig:")) for i in items):
         if len(items) != 1:
@@ -130,7 +130,7 @@ def to_bytes(size: str | None) -> int | None:
 def render_unit(cfg: MpsProfile, exe: str = f"/usr/bin/{CONTROL}", gpus=None) -> str:
     """The systemd unit that runs the MPS control daemon with this profile's settings. A MIG device
     named by position is resolved to its UUID each time the unit starts (devices.start_lines)."""
-    from hkgpu_tune.serve.devices import is_mig_pos, start_lines
+    from hkgpu_tune.serve.schema.devices import is_mig_pos, start_lines
     pos = gpus[0] if gpus and is_mig_pos(gpus[0]) else None
     env = mps_env(cfg.pipe_dir, cfg.log_dir, gpus)
     if pos:
@@ -185,7 +185,7 @@ def unit_is_rendered(text) -> bool:
         return False
     gpus = env.get("CUDA_VISIBLE_DEVICES")
     if gpus is not None:
-        from hkgpu_tune.serve.devices import MIG_RE
+        from hkgpu_tune.serve.schema.devices import MIG_RE
         parts = gpus.split(",")
         if not (len(parts) == 1 and re.fullmatch(MIG_RE, parts[0])
                 or all(re.fullmatch(r"[0-9]{1,4}", g) for g in parts)):
@@ -247,14 +247,14 @@ class Plugin(Subsystem):
 
     @property
     def mig(self) -> str | None:
-        from hkgpu_tune.serve.devices import is_mig
+        from hkgpu_tune.serve.schema.devices import is_mig
         g = self.cfg.gpus
         return g[0] if g and is_mig(g[0]) else None
 
     def _served(self, strict: bool = False):
         """The GPUs the daemon serves as CUDA_VISIBLE_DEVICES names them: a MIG position resolved to
         its UUID now (strict: HkError where there is none; else the position as written)."""
-        from hkgpu_tune.serve.devices import is_mig_pos, resolve
+        from hkgpu_tune.serve.schema.devices import is_mig_pos, resolve
         g = self.cfg.gpus
         if g and is_mig_pos(g[0]):
             try:
@@ -268,7 +268,7 @@ class Plugin(Subsystem):
         """Indices MPS serves (None = all) and the compute modes of those GPUs, or a reason."""
         try:
             if self.mig:   # the parent GPU's compute mode
-                from hkgpu_tune.serve.devices import find_mig
+                from hkgpu_tune.backends.mig import find as find_mig
                 d = find_mig(self.b.nvml, self.mig)
                 idx = [d["gpu"]] if d else []
             else:
@@ -284,7 +284,7 @@ class Plugin(Subsystem):
         gpus, st["compute_modes"], st["nvml"] = self._gpus()
         st["gpus"] = list(gpus) if gpus is not None else None
         if self.mig and self.cfg.enabled:
-            from hkgpu_tune.serve.devices import mig_check
+            from hkgpu_tune.serve.schema.devices import mig_check
             st["mig"] = mig_check(self.b.nvml, self.mig)
         sd = self.b.systemd
         st["systemd"] = sd.available()
@@ -472,7 +472,7 @@ class Plugin(Subsystem):
         c = self.cfg
         if use_systemd is None:
             use_systemd = self.b.systemd.available()
-        from hkgpu_tune.serve import launch
+        from hkgpu_tune.serve.running import launch
         clients = [t for t in triton_sub.services(self.profile)   # every service that is this daemon's client
                    if t.mps is not None and t.mps.pipe_dir == c.pipe_dir and launch.status(t, self.b)["active"]]
         for t in clients:

@@ -1,4 +1,4 @@
-"""The Triton subsystem: verify and apply of the `triton:` profile section (its schema and parsing: serve.config)."""
+"""The Triton subsystem: verify and apply of the `triton:` profile section (its schema and parsing: serve.schema.config)."""
 from __future__ import annotations
 
 import re
@@ -14,9 +14,10 @@ from hkgpu_tune.subsystems.base import Check, Spec, Subsystem
 __all__ = ["Plugin", "Build", "Endpoint", "Gate", "Model", "Services", "Triton", "check_models", "parse_profile",
            "section", "services"]
 # the service code (serve/) loads on first use: the registry imports every subsystem module
-_LAZY = {"Build": "config", "Endpoint": "config", "Gate": "config", "Model": "config", "Services": "config",
-         "Triton": "config", "engine_facts": "config", "section": "config", "services": "config",
-         "parse_profile": "services", "check_models": "render", "check_layout": "devices"}
+_LAZY = {"Build": "schema.config", "Endpoint": "schema.config", "Gate": "schema.gate_spec", "Model": "schema.config",
+         "Services": "schema.config", "Triton": "schema.config", "engine_facts": "schema.config",
+         "section": "schema.config", "services": "schema.config", "parse_profile": "schema.services",
+         "check_models": "repository.render", "check_layout": "schema.devices"}
 
 
 def __getattr__(name):
@@ -37,7 +38,7 @@ class Plugin(Subsystem):
     def services(self) -> list["Service"]:
         svcs = self.__dict__.get("_svcs")
         if svcs is None:
-            from hkgpu_tune.serve.config import services
+            from hkgpu_tune.serve.schema.config import services
             ts = services(self.profile)
             if not ts:
                 raise HkError("triton: the profile has no triton section")
@@ -50,7 +51,7 @@ class Plugin(Subsystem):
         """The profile's one service (an error naming the units where there are several)."""
         svcs = self.services
         if len(svcs) > 1:
-            from hkgpu_tune.serve.config import section
+            from hkgpu_tune.serve.schema.config import section
             section(self.profile)   # raises, naming them
         return svcs[0].t
 
@@ -140,7 +141,7 @@ class Service(Subsystem):
         if t is None:
             if self._triton is None:
                 raise HkError("triton: the profile has no triton section")
-            from hkgpu_tune.serve.render import check_models
+            from hkgpu_tune.serve.repository.render import check_models
             self.__dict__["_t"] = t = check_models(self._triton)
         return t
 
@@ -150,7 +151,7 @@ class Service(Subsystem):
 
     def result(self, target, key, current, desired, status, reason="", **kw):
         if self.several:   # the unit names the service: its targets and changes say which
-            from hkgpu_tune.serve.launch import unit_name
+            from hkgpu_tune.serve.running.launch import unit_name
             unit, name = self.t.unit, unit_name(self.t)
             if str(target) not in (unit, name) and not str(target).endswith("/" + name):
                 target = f"{unit}/{target}"
@@ -159,20 +160,21 @@ class Service(Subsystem):
         return super().result(target, key, current, desired, status, reason, **kw)
 
     def read(self) -> dict:
-        from hkgpu_tune.serve import client, launch, render
-        from hkgpu_tune.serve.config import engine_facts
+        from hkgpu_tune.serve.repository import render
+        from hkgpu_tune.serve.running import client, forms, launch
+        from hkgpu_tune.serve.schema.config import engine_facts
         t = self.t
         state = {"repository": render.repository_state(t, self.b), "service": launch.status(t, self.b),
                  "engines": {m.name: engine_facts(m) for m in t.models if m.engine},
                  "ref": self._ref()}
         if t.mig:   # the MIG device it names must exist here (a layout lost at reboot is not ok)
-            from hkgpu_tune.serve.devices import mig_check
+            from hkgpu_tune.serve.schema.devices import mig_check
             state["mig"] = mig_check(self.b.nvml, t.mig)
         if state["ref"]["supervisor"] == "systemd":
-            unit = launch.unit_state(t, self.b)
+            unit = forms.unit_state(t, self.b)
             state["unit"] = {k: v for k, v in unit.items() if k != "text"}
-            state["unit"]["before"] = self.b.systemd.read_unit(launch.unit_name(t))
-            state["unit"]["restart"] = launch.unit_needs_restart(state["unit"]["before"], unit["text"])
+            state["unit"]["before"] = self.b.systemd.read_unit(forms.unit_name(t))
+            state["unit"]["restart"] = forms.unit_needs_restart(state["unit"]["before"], unit["text"])
         if state["service"]["active"]:
             if state["ref"]["supervisor"] == "process":
                 rec = launch.process_record(t) or {}
@@ -202,7 +204,7 @@ class Service(Subsystem):
     def _placement(self, t) -> dict:
         """The CPUs and memory nodes the server's processes may use, against its GPU's (the
         launcher pins each service to its first GPU's local CPUs and NUMA node)."""
-        from hkgpu_tune.serve import launch
+        from hkgpu_tune.serve.running import forms, launch
         procs = []
         for pid in launch.server_pids(t, self.b):
             text = self.b.sysfs.read(f"/proc/{pid}/status") or ""
@@ -210,15 +212,15 @@ class Service(Subsystem):
             if "Cpus_allowed_list" in st:
                 procs.append({"pid": pid, "cpus": st["Cpus_allowed_list"].strip(),
                               "mems": st.get("Mems_allowed_list", "").strip()})
-        return {"want": launch.placement(t, self.b), "procs": procs}
+        return {"want": forms.placement(t, self.b), "procs": procs}
 
     def _ref(self) -> dict:
-        from hkgpu_tune.serve import launch
-        return launch.ServiceRef.of(self.t, self.b).to_dict()
+        from hkgpu_tune.serve.running import forms
+        return forms.ServiceRef.of(self.t, self.b).to_dict()
 
     def _mps_clients(self, t) -> dict:
         """Triton's processes against NVML's MPS client list of its GPU."""
-        from hkgpu_tune.serve import forms, launch
+        from hkgpu_tune.serve.running import forms, launch
         pids = launch.server_pids(t, self.b)
         gpu = t.gpu
         try:
@@ -230,7 +232,7 @@ class Service(Subsystem):
                 "own": sorted(set(pids) & set(procs["compute"]) - set(procs["mps"]))}
 
     def compare(self, state: dict):
-        from hkgpu_tune.serve import redeploy, render
+        from hkgpu_tune.serve.repository import redeploy, render
         t, res = self.t, []
         ref = state.get("ref") or self._ref()
         if "mig" in state:
@@ -365,13 +367,14 @@ class Service(Subsystem):
 
     # ------------------------------------------------------------ apply
     def write(self, target, key, value, data):
-        from hkgpu_tune.serve import launch, redeploy, render
+        from hkgpu_tune.serve.repository import redeploy, render
+        from hkgpu_tune.serve.running import forms, launch
         if key == "repository":
             if data.get("existed"):
                 redeploy.save(data["model_dir"], data["backup"])
             render.write_model(self.t, self.t.model(data["model"]), self.b)
         elif key == "unit":
-            launch.install_unit(self.t, self.b)
+            forms.install_unit(self.t, self.b)
         elif key in ("served_config", "command"):
             pass  # after_apply loads the models, or restarts once, for the whole batch
         elif key == "service":
@@ -387,12 +390,12 @@ class Service(Subsystem):
         """Bring the running server to what was written: a load per changed model through the
         repository API; a restart only when its unit or command changed. A failed load fails the
         apply; the engine undoes it (restore() of each change puts the previous models back)."""
-        from hkgpu_tune.serve import launch
+        from hkgpu_tune.serve.running import forms, launch
         t = self.t
         started = any(c.key == "service" for c in changes)
         reload = [c for c in changes if c.key in ("repository", "served_config")]
-        restart = [c for c in changes if c.key == "command" or c.key == "unit" and launch.unit_needs_restart(
-            c.data.get("before"), self.b.systemd.read_unit(launch.unit_name(t)))]
+        restart = [c for c in changes if c.key == "command" or c.key == "unit" and forms.unit_needs_restart(
+            c.data.get("before"), self.b.systemd.read_unit(forms.unit_name(t)))]
         active = not started and launch.status(t, self.b)["active"]
         if active and reload and not launch.explicit(t, self.b):
             restart.append(None)  # a server from before explicit model control: restart once
@@ -401,7 +404,7 @@ class Service(Subsystem):
             launch.restart(t, self.b)
             self._gated = "restarted"
         elif active and reload:
-            ref = launch.ServiceRef.of(t, self.b)
+            ref = forms.ServiceRef.of(t, self.b)
             c = ref.client()
             try:
                 for name in dict.fromkeys(ch.data["model"] for ch in reload):
@@ -427,7 +430,7 @@ class Service(Subsystem):
         return [Check(self._gate_name, self._gate)]
 
     def _gate(self) -> None:
-        from hkgpu_tune.serve import gate
+        from hkgpu_tune.serve.measuring import gate
         rep = gate.run_gate(self.t)
         if rep.client_bound:   # the client, not the server, missed: the deployment stays
             self.notes.append(f"{self._gate_name} client-bound, deployment kept: {rep.message}")
@@ -439,14 +442,14 @@ class Service(Subsystem):
 
     def committed(self, changes):
         """The deployment stays: only the oldest copy of each model (rollback's original) is kept."""
-        from hkgpu_tune.serve import redeploy
+        from hkgpu_tune.serve.repository import redeploy
         for ch in changes:
             if ch.key == "repository":
                 redeploy.drop_newer(ch.data["repository"], ch.data["model"])
 
     # ------------------------------------------------------------ restore (from the saved record only)
     def _put_files_back(self, ch) -> str:
-        from hkgpu_tune.serve import redeploy
+        from hkgpu_tune.serve.repository import redeploy
         d = ch.data
         redeploy.check_record(d)
         return redeploy.put_back(d["model_dir"], d["backup"], d["existed"], d.get("original"))
@@ -458,11 +461,11 @@ class Service(Subsystem):
         self._load_previous(ch)
 
     def _load_previous(self, ch) -> None:
-        from hkgpu_tune.serve import launch
+        from hkgpu_tune.serve.running import forms
         d = ch.data
         if d.get("restart") or (ch.key == "served_config" and d.get("files")):
             return   # the undo of the plan's launch or repository change loads it (_undo_order)
-        c = launch.ServiceRef.from_dict(d["service"]).client()
+        c = forms.ServiceRef.from_dict(d["service"]).client()
         try:
             if not c.live():
                 return
@@ -476,18 +479,18 @@ class Service(Subsystem):
             c.close()
 
     def _restore_launch(self, ch) -> None:
-        from hkgpu_tune.serve import launch
-        ref = launch.ServiceRef.from_dict(ch.data["service"])
+        from hkgpu_tune.serve.running import forms, launch
+        ref = forms.ServiceRef.from_dict(ch.data["service"])
         if ch.key == "unit":
             before = ch.data.get("before")
             if before is not None:   # a unit text from disk: its programs must pass the trust rule
-                from hkgpu_tune.serve.records import check_unit_text
+                from hkgpu_tune.serve.running.records import check_unit_text
                 check_unit_text(before)
-            self.b.systemd.write_unit(launch.unit_name(ref), before)  # None: the unit did not exist
+            self.b.systemd.write_unit(forms.unit_name(ref), before)  # None: the unit did not exist
             self.b.systemd.daemon_reload()
-            if before is not None and self.b.systemd.is_active(launch.unit_name(ref)):
+            if before is not None and self.b.systemd.is_active(forms.unit_name(ref)):
                 launch.stop(ref, self.b)
-                self.b.systemd.enable(launch.unit_name(ref), now=True)
+                self.b.systemd.enable(forms.unit_name(ref), now=True)
                 self._wait_back(ref)
         elif ch.key == "command":
             launch.respawn(ref, ch.data["before"], self.b)
@@ -510,14 +513,14 @@ class Service(Subsystem):
             c.close()
 
     def restore(self, change):
-        from hkgpu_tune.serve import launch
+        from hkgpu_tune.serve.running import forms, launch
         d = change.data
         if change.key in ("repository", "served_config"):
             self._restore_model(change)
             if change.key == "repository":
                 self._drop_copies(d)
         elif change.key == "service" and change.current != "running":
-            launch.stop(launch.ServiceRef.from_dict(d["service"]), self.b)
+            launch.stop(forms.ServiceRef.from_dict(d["service"]), self.b)
         elif change.key in ("unit", "command"):
             self._restore_launch(change)
 
@@ -526,16 +529,16 @@ class Service(Subsystem):
         """The kept copies of a model once it is back; the copy of an earlier apply (`original`) stays
         while its entry, still in the journal, needs it for a later rollback."""
         import shutil
-        from hkgpu_tune.serve import redeploy
+        from hkgpu_tune.serve.repository import redeploy
         keep = d.get("original") if d.get("original") != d.get("backup") else None
         for p in redeploy.copies(d["repository"], d["model"]):
             if p != keep:
                 shutil.rmtree(p, ignore_errors=True)
 
     def facts(self) -> dict:
-        from hkgpu_tune.serve import launch
+        from hkgpu_tune.serve.running import forms
         st = self.read()
-        st["placement"] = launch.placement(self.t, self.b)
+        st["placement"] = forms.placement(self.t, self.b)
         return st
 
 
@@ -548,7 +551,7 @@ def _check_service(c) -> None:
     fields.one_of(c.key, "key", ("repository", "unit", "served_config", "service", "command"))
     if "unit" in c.data:   # the service of several (triton.services) the change belongs to
         u = c.data["unit"]
-        from hkgpu_tune.serve.config import UNIT_RE   # the profile's own rule for a unit name
+        from hkgpu_tune.serve.schema.config import UNIT_RE   # the profile's own rule for a unit name
         if not (isinstance(u, str) and re.fullmatch(UNIT_RE, u)):
             fields.fail(f"data.unit: {u!r} is not a unit name")
     if c.key == "repository":
@@ -557,21 +560,21 @@ def _check_service(c) -> None:
             fields.fail(f"data.model: {m!r} is not a model name")
         if "model_dir" in c.data:  # paths rollback moves and removes (triton/redeploy.py)
             from hkgpu_tune.core.errors import StateError
-            from hkgpu_tune.serve.redeploy import check_record
+            from hkgpu_tune.serve.repository.redeploy import check_record
             try:
                 check_record(c.data)
             except StateError as e:
                 fields.fail(str(e))
     if c.key == "unit" and c.data.get("before") is not None:   # the text rollback writes back
         from hkgpu_tune.core.errors import HkError
-        from hkgpu_tune.serve.shapes import check_unit_text
+        from hkgpu_tune.serve.schema.shapes import check_unit_text
         try:
             check_unit_text(c.data["before"])
         except HkError as e:
             fields.fail(str(e))
     if c.key == "command":   # a respawn record: only a Triton server command (serve.records)
         from hkgpu_tune.core.errors import HkError
-        from hkgpu_tune.serve.records import check_record
+        from hkgpu_tune.serve.running.records import check_record
         try:
             check_record(c.data.get("before"))
         except HkError as e:
@@ -583,12 +586,12 @@ def _check_service(c) -> None:
 
 
 def _parse(node):
-    from hkgpu_tune.serve.services import parse_profile
+    from hkgpu_tune.serve.schema.services import parse_profile
     return parse_profile(node)
 
 
 def _check_layout(profile) -> None:
-    from hkgpu_tune.serve.devices import check_layout
+    from hkgpu_tune.serve.schema.devices import check_layout
     check_layout(profile)
 
 

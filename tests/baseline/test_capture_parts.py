@@ -54,7 +54,7 @@ STANDIN = os.path.join(os.path.dirname(os.path.abspath(__file__)), "standin_trte
 def standin_plan(tmp_path, key=True):
     """A dynamic-batch ResNet-50 engine for the trtexec stand-in (profile 1..32, opt 8) and, as
     `triton build` leaves it, the key file with the build flags beside it."""
-    from hkgpu_tune.serve import tensorrt
+    from hkgpu_tune.serve.repository import tensorrt
     plan = tmp_path / "m.plan"
     plan.write_text(json.dumps({"standin": "trtexec", "inputs": [
         {"name": "input", "dims": [-1, 3, 224, 224], "min": [1, 3, 224, 224], "opt": [8, 3, 224, 224],
@@ -81,7 +81,7 @@ triton:
 
 @pytest.fixture
 def trtexec(tmp_path, monkeypatch):
-    monkeypatch.setattr("hkgpu_tune.serve.tensorrt.trtexec_path", lambda: STANDIN)
+    monkeypatch.setattr("hkgpu_tune.serve.repository.tensorrt.trtexec_path", lambda: STANDIN)
     monkeypatch.setenv("STANDIN_TRTEXEC_LOG", str(tmp_path / "calls.log"))
     return tmp_path / "calls.log"
 

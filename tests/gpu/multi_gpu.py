@@ -167,7 +167,7 @@ def topo(out: str) -> int:
 
 # ------------------------------------------------------------------ profile of this host
 def free_ports(n: int) -> list[int]:
-    from hkgpu_tune.serve import client
+    from hkgpu_tune.serve.running import client
     return client.free_ports(n)
 
 
@@ -352,7 +352,7 @@ def _mask(pid: int) -> list[str]:
 def triton(out: str, name: str = "") -> int:
     import numpy as np
     from hkgpu_tune.core.profile import load_profile
-    from hkgpu_tune.serve import client, launch
+    from hkgpu_tune.serve.running import client, launch
     t = load_profile(f"{out}/profile-host.yaml").section("triton")
     place = {int(k): v for k, v in json.load(open(f"{out}/placement.json")).items()}
     n = len(place)

@@ -1,6 +1,6 @@
 #!/bin/bash
 # The serving bench and the GPU serving tests on the H200, in one device call:
-#   device tool: run(kind="nvidia-h200", carry=[".whl", "hkgpu_tune/serve/_build"],
+#   device tool: run(kind="nvidia-h200", carry=[".whl", "hkgpu_tune/serve/repository/_build"],
 #                    command="bash tests/gpu/run_serving.sh quick|full")
 # .whl/ holds the wheels the GPU machine lacks: nvidia-pytriton 0.7.0, tritonclient 2.73.0,
 # python-rapidjson, pyroute2 (tests/gpu/RESULTS-multi.md says how they were downloaded).
@@ -24,8 +24,8 @@ date -u; nvidia-smi -L; nproc; df -h /dev/shm | tail -1
 ps -eo pid,args | grep -i '[n]vidia-cuda-mps' || echo NO-MPS-AT-START
 python3 -m pip install -q --no-deps --no-index --no-compile .whl/*.whl 2>&1 | tail -2
 python3 -c 'import importlib.util as u, tritonclient.grpc, aiohttp, torch, matplotlib; assert u.find_spec("pytriton"); print("deps ok", torch.__version__)'
-command -v c++ g++ || echo "no C++ compiler: the hkbatch library comes from hkgpu_tune/serve/_build (carried)"
-python3 -c 'from hkgpu_tune.serve import batch_backend as b; print("hkbatch:", b.available(), b.server_env())'
+command -v c++ g++ || echo "no C++ compiler: the hkbatch library comes from hkgpu_tune/serve/repository/_build (carried)"
+python3 -c 'from hkgpu_tune.serve.repository import batch_backend as b; print("hkbatch:", b.available(), b.server_env())'
 if [ "${HK_CHECKS:-0}" = 1 ]; then   # the GPU checks of the collectors, health, export and baseline
   timeout 120 python3 -m pytest -v -rs -p no:cacheprovider tests/collect/test_gpu.py tests/gpu/test_h200.py \
     tests/triton/test_gpu_placement.py tests/baseline/test_capture_parts.py::test_torch_engine_benchmark_on_a_gpu \
@@ -79,7 +79,7 @@ if [ "$MODE" = sweep ]; then
   timeout $((BUDGET + 40)) python3 -m hkgpu_tune triton sweep -p $SHIPPED ${SWEEP_ARGS:-"${@:2}"} \
     --budget-s $BUDGET --json > "$OUT/sweep.json"
   echo "sweep rc=$? in $((SECONDS - T0)) s"
-  python3 -c 'import json,sys; sys.path.insert(0, "."); from hkgpu_tune.serve import sweep_out as s, sweep; d=json.load(open(sys.argv[1])); print(d["seconds"], "s,", len(d["points"]), "configs measured,", len(d["skipped"]), "skipped; best:", (d["best"] or {}).get("label"), (d["best"] or {}).get("best", {}) and {k: d["best"]["best"][k] for k in ("img_s", "p99_ms", "concurrency")}, "confirmed", (d["best"] or {}).get("confirmed")); print("check:", json.dumps(d.get("check"))); [print(p["label"], (p["best"] or {}).get("img_s"), (p["best"] or {}).get("p99_ms"), (p["best"] or {}).get("concurrency"), p["error"][:80]) for p in d["points"]]' "$OUT/sweep.json"
+  python3 -c 'import json,sys; sys.path.insert(0, "."); from hkgpu_tune.serve.measuring import sweep, sweep_out as s; d=json.load(open(sys.argv[1])); print(d["seconds"], "s,", len(d["points"]), "configs measured,", len(d["skipped"]), "skipped; best:", (d["best"] or {}).get("label"), (d["best"] or {}).get("best", {}) and {k: d["best"]["best"][k] for k in ("img_s", "p99_ms", "concurrency")}, "confirmed", (d["best"] or {}).get("confirmed")); print("check:", json.dumps(d.get("check"))); [print(p["label"], (p["best"] or {}).get("img_s"), (p["best"] or {}).get("p99_ms"), (p["best"] or {}).get("concurrency"), p["error"][:80]) for p in d["points"]]' "$OUT/sweep.json"
 elif [ "$MODE" = diag ]; then
   timeout ${DIAG_S:-570} python3 bench/serve_diag.py --out "$OUT" "${@:2}"; echo "diag rc=$?"
 elif [ "$MODE" = quick ]; then

@@ -59,7 +59,7 @@ def _descendants(pid):
 
 def test_torch_engine_serves_resnet50_on_the_gpu(profile):
     from hkgpu_tune.core.profile import load_profile
-    from hkgpu_tune.serve import client
+    from hkgpu_tune.serve.running import client
     if shutil.which("trtexec"):
         pytest.skip("TensorRT is present: the engine chosen is TensorRT, not the torch engine")
     r = hk("triton", "start", "-p", profile, "--no-gate", "--json")

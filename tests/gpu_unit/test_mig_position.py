@@ -15,9 +15,9 @@ import pytest
 
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.core.profile import parse_profile_text
-from hkgpu_tune.serve import forms
-from hkgpu_tune.serve.config import section
-from hkgpu_tune.serve.devices import ENV_DIR, resolve
+from hkgpu_tune.serve.running import forms
+from hkgpu_tune.serve.schema.config import section
+from hkgpu_tune.serve.schema.devices import ENV_DIR, resolve
 from hkgpu_tune.tune.engine import Engine
 
 from .conftest import backends, by_key, load

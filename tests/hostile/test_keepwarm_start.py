@@ -9,7 +9,8 @@ import time
 import pytest
 
 from hkgpu_tune.core.profile import load_profile
-from hkgpu_tune.serve import launch, render
+from hkgpu_tune.serve.repository import render
+from hkgpu_tune.serve.running import launch
 
 from ..triton.conftest import dump, free_ports, needs_server, profile_dict
 
@@ -21,7 +22,7 @@ def test_keepwarm_waits_for_a_server_that_is_not_up_yet(tmp_path):
     path = tmp_path / "profile.yaml"
     path.write_text(dump(doc))
     t = load_profile(str(path)).section("triton")
-    kw = subprocess.Popen([sys.executable, "-m", "hkgpu_tune.serve.keepwarm", "--profile", str(path),
+    kw = subprocess.Popen([sys.executable, "-m", "hkgpu_tune.serve.running.keepwarm", "--profile", str(path),
                            "--idle-s", "1", "--period-s", "0.5", "--duration-s", "45"],
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:

@@ -87,7 +87,7 @@ def test_baseline_capture_never_runs_a_trtexec_another_user_controls(monkeypatch
     from types import SimpleNamespace
 
     from hkgpu_tune.baseline import engine_bench
-    from hkgpu_tune.serve.tensorrt import trtexec_path
+    from hkgpu_tune.serve.repository.tensorrt import trtexec_path
     d, marker, make, kind = hostile
     make("trtexec")
     if kind == "dir-writable":
@@ -105,7 +105,7 @@ def test_the_hkbatch_build_never_runs_an_assembler_or_linker_another_user_contro
     """The compiler driver runs `as` and `ld` from PATH where its own directories lack them: the
     build runs with a PATH of system directories only, and what the driver resolves passes the
     trust rule. A hostile one first on the caller's PATH is never run."""
-    from hkgpu_tune.serve import batch_backend
+    from hkgpu_tune.serve.repository import batch_backend
     d, marker, make, kind = hostile
     make(prog)
     if kind == "dir-writable":
@@ -124,7 +124,7 @@ def test_the_hkbatch_build_never_runs_an_assembler_or_linker_another_user_contro
 def test_a_driver_that_resolves_an_untrusted_assembler_is_not_used(tmp_path):
     """The driver's own answer (-print-prog-name) is checked: one that names an assembler another
     user can write is refused."""
-    from hkgpu_tune.serve import batch_backend
+    from hkgpu_tune.serve.repository import batch_backend
     d = tmp_path / "tc"
     d.mkdir()
     os.chmod(tmp_path, 0o755)

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from hkgpu_tune.core.errors import HkError
-from hkgpu_tune.serve import batch_backend, render
+from hkgpu_tune.serve.repository import batch_backend, render
 
 from .test_triton_trust import NOBODY, section
 
@@ -75,7 +75,7 @@ def test_a_library_record_another_user_could_write_is_not_taken_as_built(tmp_pat
 def test_the_copies_apply_keeps_are_not_made_or_moved_through_a_planted_link(tmp_path, victim):
     """redeploy keeps a copy of a model beside the repository and rollback moves it back: a
     copies directory that is a link another user planted is refused before anything moves."""
-    from hkgpu_tune.serve import redeploy
+    from hkgpu_tune.serve.repository import redeploy
     os.chmod(tmp_path, 0o755)
     repo = tmp_path / "models"
     (repo / "doubler").mkdir(parents=True)

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from hkgpu_tune.serve import launch
+from hkgpu_tune.serve.running import forms, launch
 
 from .test_triton_trust import section
 
@@ -22,7 +22,7 @@ def test_a_server_script_is_recognised_and_stopped(tmp_path, body):
     script.write_text("#!/bin/sh\n" + body)
     os.chmod(script, 0o755)
     t = section(tmp_path, server=str(script))
-    ref = launch.ServiceRef.of(t)
+    ref = forms.ServiceRef.of(t)
     pid = launch._spawn(ref, [str(script), "--model-repository=/m"], {}, "root", "binary", {})
     try:
         time.sleep(0.3)                                   # the shell has started (and exec'd)

@@ -13,7 +13,8 @@ import pytest
 from hkgpu_tune.core.errors import HkError, ProfileError
 from hkgpu_tune.core.profile import parse_profile_text
 from hkgpu_tune.core.report import Change
-from hkgpu_tune.serve import launch, records, shapes
+from hkgpu_tune.serve.schema import shapes
+from hkgpu_tune.serve.running import forms, records
 from hkgpu_tune.subsystems.mps import MpsProfile, render_unit
 from hkgpu_tune.tune import settings
 
@@ -70,7 +71,7 @@ def section(tmp_path, **top):
     return parse_profile_text(dump(doc), str(tmp_path / "p.yaml")).section("triton")
 
 
-def forms(tmp_path):
+def each_form(tmp_path):
     """The rendered units of both forms, with and without MPS, GPUs and a user."""
     out = []
     for top in ({}, {"user": "triton-server", "supervisor": "systemd"},
@@ -93,12 +94,12 @@ def unit_entry(before):
 
 
 def test_every_unit_the_tool_renders_passes_the_wall(tmp_path):
-    for t in forms(tmp_path):
-        text = launch.render_unit(t, PLACE)
+    for t in each_form(tmp_path):
+        text = forms.render_unit(t, PLACE)
         shapes.check_unit_text(text)
         settings.from_entry(unit_entry(text))
         if t.launch == "container":
-            argv = launch.container_argv(t, PLACE)
+            argv = forms.container_argv(t, PLACE)
             shapes.check_container_argv(["/usr/bin/" + argv[0], *argv[1:]])
 
 
@@ -113,7 +114,7 @@ def test_every_unit_the_tool_renders_passes_the_wall(tmp_path):
 ])
 def test_a_saved_binary_unit_with_what_the_renderer_never_writes_is_refused(tmp_path, edit, why):
     t = section(tmp_path, user="triton-server", supervisor="systemd")
-    good = launch.render_unit(t, PLACE)
+    good = forms.render_unit(t, PLACE)
     bad = edit(good)
     assert bad != good
     with pytest.raises(ValueError, match=why):
@@ -131,7 +132,7 @@ def test_a_saved_binary_unit_with_what_the_renderer_never_writes_is_refused(tmp_
 ])
 def test_a_saved_container_command_with_options_the_renderer_never_writes_is_refused(tmp_path, edit, why):
     t = section(tmp_path, launch="container", image="tritonserver:24.08-py3", gpu=0, runtime="podman")
-    argv = launch.container_argv(t, PLACE)
+    argv = forms.container_argv(t, PLACE)
     argv[0] = "/usr/bin/podman"
     rec = {"argv": argv, "env": {}, "user": None, "launch": "container", "placement": {}}
     records.check_record(rec)
@@ -146,7 +147,7 @@ def test_a_saved_container_command_with_options_the_renderer_never_writes_is_ref
 
 def test_a_container_unit_with_a_privileged_run_is_refused(tmp_path):
     t = section(tmp_path, launch="container", image="tritonserver:24.08-py3", gpu=0, runtime="podman")
-    good = launch.render_unit(t, PLACE)
+    good = forms.render_unit(t, PLACE)
     shapes.check_unit_text(good)
     with pytest.raises(ValueError, match="--privileged"):
         settings.from_entry(unit_entry(good.replace(" run --rm ", " run --privileged --rm ")))

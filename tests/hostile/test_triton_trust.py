@@ -13,7 +13,7 @@ import pytest
 
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.core.profile import parse_profile_text
-from hkgpu_tune.serve import launch, records
+from hkgpu_tune.serve.running import forms, launch, records
 from hkgpu_tune.tune import settings
 from hkgpu_tune.core.report import Change
 
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: files of 
 def section(tmp_path, **top):
     doc = profile_dict(tmp_path, (18000, 18001, 18002))
     doc["triton"].update({"supervisor": "process", **top})
-    from hkgpu_tune.serve.config import section as sec
+    from hkgpu_tune.serve.schema.config import section as sec
     return sec(parse_profile_text(dump(doc), str(tmp_path / "p.yaml")))
 
 
@@ -44,7 +44,7 @@ def forge(t, victim, **over):
     rec = {"pid": victim.pid, "start_ticks": launch._start_ticks(victim.pid), "argv": ["/bin/sleep", "300"],
            "log": "/dev/null", "started": time.time(), "placement": {}, "launch": "binary", "env": {}, "user": None}
     rec.update(over)
-    path = os.path.join(t.run_dir, launch.PID_FILE)
+    path = os.path.join(t.run_dir, forms.PID_FILE)
     with open(path, "w") as f:
         json.dump(rec, f)
     return path
@@ -98,15 +98,15 @@ def test_root_starts_the_process_form_as_the_unprivileged_default_user(tmp_path,
     t = section(tmp_path)
     import dataclasses
     t = dataclasses.replace(t, user=None)
-    assert launch.service_user(t, "process") == launch.DEFAULT_USER
+    assert launch.service_user(t, "process") == forms.DEFAULT_USER
     spawned = []
 
     def popen(*a, **k):
         spawned.append(a)
         raise OSError(1, "not started by this test")
     monkeypatch.setattr(launch.subprocess, "Popen", popen)
-    with pytest.raises(HkError, match=f"user '{launch.DEFAULT_USER}' does not exist"):
-        launch._spawn(launch.ServiceRef.of(t), ["/bin/sleep", "1"], {}, None, "binary", {})
+    with pytest.raises(HkError, match=f"user '{forms.DEFAULT_USER}' does not exist"):
+        launch._spawn(forms.ServiceRef.of(t), ["/bin/sleep", "1"], {}, None, "binary", {})
     assert spawned == []
     assert launch.service_user(dataclasses.replace(t, user="root"), "process") == "root"
 
@@ -146,7 +146,7 @@ def test_a_saved_command_whose_program_another_user_owns_is_not_run(tmp_path):
         records.check_record_paths(rec)
     t = section(tmp_path)
     with pytest.raises(HkError, match="uid 65534"):
-        launch.respawn(launch.ServiceRef.of(t), rec)
+        launch.respawn(forms.ServiceRef.of(t), rec)
     assert not (tmp_path / "ran").exists()
 
 
@@ -154,7 +154,7 @@ def test_a_saved_unit_rollback_would_write_runs_only_trusted_programs(tmp_path):
     """The `unit` entry keeps the unit text rollback writes back into /etc/systemd/system: only a
     unit this tool rendered, every Exec program by absolute path and trusted."""
     t = section(tmp_path, user="triton-server", supervisor="systemd")
-    rendered = launch.render_unit(t, {"cpus": [], "mems": [], "source": "test"})
+    rendered = forms.render_unit(t, {"cpus": [], "mems": [], "source": "test"})
     records.check_unit_text(rendered)
     os.chmod(tmp_path, 0o755)
     evil = tmp_path / "tritonserver"

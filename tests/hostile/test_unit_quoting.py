@@ -12,7 +12,7 @@ import pytest
 
 from hkgpu_tune.core import unitfile
 from hkgpu_tune.core.profile import parse_profile_text
-from hkgpu_tune.serve import launch
+from hkgpu_tune.serve.running import forms
 from hkgpu_tune.tune import persist
 
 from ..helpers import role_filters
@@ -102,13 +102,13 @@ def test_a_triton_unit_from_hostile_profile_values_verifies_and_keeps_them(tmp_p
     repo = str(tmp_path / "my models" / "100% $HOME 'q'")
     doc = profile_dict(tmp_path, (18000, 18001, 18002))
     doc["triton"].update(model_repository=repo, user="triton-server", extra_args=["--log-file=/tmp/a b%h$x"])
-    from hkgpu_tune.serve.config import section
+    from hkgpu_tune.serve.schema.config import section
     t = section(parse_profile_text(dump(doc), str(tmp_path / "p.yaml")))
-    text = launch.render_unit(t, PLACE)
+    text = forms.render_unit(t, PLACE)
     assert analyze(tmp_path, "hkgpu-triton.service", text) == []
     execs = [ln.split("=", 1)[1] for ln in text.splitlines() if ln.startswith("ExecStart=")]
     argv = systemd_split(execs[0])
-    assert argv == launch.command(t, PLACE)
+    assert argv == forms.command(t, PLACE)
     assert f"--model-repository={repo}" in argv and "--log-file=/tmp/a b%h$x" in argv
     ro = next(ln.split("=", 1)[1] for ln in text.splitlines() if ln.startswith("ReadOnlyPaths="))
     assert systemd_split(ro) == [repo]

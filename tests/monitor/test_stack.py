@@ -178,7 +178,7 @@ def ours(root) -> list:
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     from hkgpu_tune.core.profile import load_profile
-    from hkgpu_tune.serve import launch
+    from hkgpu_tune.serve.running import launch
 
     t0 = time.monotonic()
     root = tmp_path_factory.mktemp("monstack")

@@ -247,7 +247,7 @@ NODE_EXPORTER = shutil.which("prometheus-node-exporter")
 
 @pytest.mark.skipif(NODE_EXPORTER is None, reason="needs Debian's prometheus-node-exporter")
 def test_node_exporter_serves_the_export_without_duplicates(tmp_path):
-    from hkgpu_tune.serve.client import free_ports
+    from hkgpu_tune.serve.running.client import free_ports
     d = tmp_path / "tf"
     d.mkdir()
     port = free_ports(1)[0]

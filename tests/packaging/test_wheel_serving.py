@@ -15,7 +15,7 @@ import pytest
 from tests.helpers import REPO
 
 # files (not modules) that hkgpu_tune opens at run time, relative to the package
-RUNTIME_FILES = ["serve/batch_backend.cc", "serve/torch_model.py", "profiles/hk-inference.yaml"]
+RUNTIME_FILES = ["serve/repository/batch_backend.cc", "serve/repository/torch_model.py", "profiles/hk-inference.yaml"]
 
 
 def test_the_wheel_carries_the_files_the_package_reads(wheel):

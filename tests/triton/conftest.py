@@ -16,7 +16,7 @@ needs_server = pytest.mark.skipif(not HAVE_PYTRITON, reason="needs the nvidia-py
 
 def free_ports(n: int) -> list[int]:
     """n free loopback ports outside the kernel's ephemeral range (client.free_ports)."""
-    from hkgpu_tune.serve import client
+    from hkgpu_tune.serve.running import client
     return client.free_ports(n)
 
 

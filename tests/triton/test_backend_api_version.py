@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from hkgpu_tune.serve import batch_backend
+from hkgpu_tune.serve.repository import batch_backend
 
 HOST = os.path.join(os.path.dirname(os.path.dirname(__file__)), "standins", "backend_host.cc")
 pytestmark = pytest.mark.skipif(batch_backend.compiler() is None, reason="needs a C++ compiler (g++)")

@@ -13,7 +13,8 @@ import pytest
 
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.core.profile import load_profile
-from hkgpu_tune.serve import batch_backend, launch, render
+from hkgpu_tune.serve.repository import batch_backend, render
+from hkgpu_tune.serve.running import launch
 
 from .conftest import DATA, dump, free_ports, needs_server, profile_dict
 
@@ -107,7 +108,7 @@ def test_a_model_that_cannot_start_fails_to_load_and_the_server_keeps_serving(se
         f.write(f'name: "{name}"\nbackend: "hkbatch"\nmax_batch_size: 4\n'
                 'input [{name: "INPUT0", data_type: TYPE_FP32, dims: [4]}]\n'
                 'output [{name: "OUTPUT0", data_type: TYPE_FP32, dims: [4]}]\n')
-    from hkgpu_tune.serve import client
+    from hkgpu_tune.serve.running import client
     with client.Client(t.http.host, t.http.port) as c, pytest.raises(HkError) as e:
         c.load_model(name)
     assert msg in str(e.value), e.value

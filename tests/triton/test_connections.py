@@ -3,7 +3,7 @@ import pytest
 
 from hkgpu_tune.core.errors import ProfileError
 from hkgpu_tune.core.profile import parse_profile_text
-from hkgpu_tune.serve import launch
+from hkgpu_tune.serve.running import forms
 
 from .conftest import dump, profile_dict
 
@@ -16,13 +16,13 @@ def section(tmp_path, **conn):
 
 
 def test_defaults_keep_connections_long_lived(tmp_path):
-    args = launch.server_args(section(tmp_path))
+    args = forms.server_args(section(tmp_path))
     assert "--grpc-keepalive-time=60000" in args and "--grpc-keepalive-permit-without-calls=1" in args
     assert not any(a.startswith("--http-thread-count") for a in args)   # Triton's own default unless set
 
 
 def test_set_values(tmp_path):
-    args = launch.server_args(section(tmp_path, http_thread_count=16, grpc_keepalive_permit_without_calls=False,
+    args = forms.server_args(section(tmp_path, http_thread_count=16, grpc_keepalive_permit_without_calls=False,
                                       grpc_keepalive_time_ms=30000))
     assert {"--http-thread-count=16", "--grpc-keepalive-permit-without-calls=0", "--grpc-keepalive-time=30000"} <= set(args)
 

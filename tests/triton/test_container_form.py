@@ -19,7 +19,8 @@ from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.core.profile import parse_profile_text
 from hkgpu_tune.core.report import DRIFT, OK
 from hkgpu_tune.subsystems.triton import Plugin
-from hkgpu_tune.serve import container, launch, render
+from hkgpu_tune.serve.repository import render
+from hkgpu_tune.serve.running import container, forms, launch
 from tests.standins import triton_tensorrt
 
 STANDINS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "standins")
@@ -130,4 +131,4 @@ def test_the_image_is_checked_for_each_models_backend_before_the_start(tmp_path,
         launch.start(t, Backends(nvml=ReplayNvml(DGX)))
     assert "\n" not in str(e.value) and str(e.value).startswith("triton: model r18 (the torch engine) needs torch "
                                                                   f"in image {IMAGE}")
-    assert not (tmp_path / "run" / launch.PID_FILE).exists()     # nothing was started
+    assert not (tmp_path / "run" / forms.PID_FILE).exists()     # nothing was started

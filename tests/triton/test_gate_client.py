@@ -11,7 +11,8 @@ import sys
 import pytest
 
 from hkgpu_tune.core.profile import load_profile
-from hkgpu_tune.serve import batch_backend, client, launch
+from hkgpu_tune.serve.repository import batch_backend
+from hkgpu_tune.serve.running import client, launch
 
 from tests.cpu_limit import NoCpuController, cpu_share
 

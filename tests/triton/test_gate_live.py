@@ -59,7 +59,7 @@ def busy(tmp_path_factory):
         stop.write_text("")
         load.wait(60)
         from hkgpu_tune.core.profile import load_profile
-        from hkgpu_tune.serve import launch
+        from hkgpu_tune.serve.running import launch
         launch.stop(load_profile(first).section("triton"))
 
 

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hkgpu_tune.serve import gate
+from hkgpu_tune.serve.measuring import gate
 
 
 def figures(p99, bound="", server=None, errors=0):

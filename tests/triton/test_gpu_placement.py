@@ -6,7 +6,7 @@ import pytest
 from hkgpu_tune.backends import Backends
 from hkgpu_tune.backends.nvml import Nvml
 from hkgpu_tune.core.profile import parse_profile_text
-from hkgpu_tune.serve import launch
+from hkgpu_tune.serve.running import forms
 
 from .conftest import dump, profile_dict
 
@@ -31,10 +31,10 @@ def test_placement_follows_nvml_cpu_affinity(tmp_path):
     b = Backends()
     try:
         want = b.nvml.gpu(0, ("cpu_affinity",))["cpu_affinity"]
-        place = launch.placement(t, b)
+        place = forms.placement(t, b)
     finally:
         b.close()
     assert set(place["cpus"]) <= set(want) and place["cpus"], place
-    argv = launch.container_argv(t, place)
-    assert argv[argv.index("--cpuset-cpus") + 1] == launch.cpu_list(place["cpus"])
+    argv = forms.container_argv(t, place)
+    assert argv[argv.index("--cpuset-cpus") + 1] == forms.cpu_list(place["cpus"])
     assert argv[argv.index("--gpus") + 1] == "device=0"

@@ -12,7 +12,8 @@ from hkgpu_tune.backends import Backends
 from hkgpu_tune.backends.nvml import ReplayNvml
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.core.profile import parse_profile_text
-from hkgpu_tune.serve import launch, render
+from hkgpu_tune.serve.repository import render
+from hkgpu_tune.serve.running import forms
 
 from .conftest import dump, profile_dict
 
@@ -39,7 +40,7 @@ def test_a_single_gpu_is_device_0_inside(tmp_path):
     t = service(tmp_path, 3, [{"count": 2, "kind": "KIND_GPU", "gpus": [3]}])
     assert t.models[0].config["instance_group"][0]["gpus"] == [0]
     assert "gpus: 0" in render.render_config(t.models[0])
-    env = launch.server_env(t)
+    env = forms.server_env(t)
     assert env["CUDA_VISIBLE_DEVICES"] == "3" and env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
 
 
@@ -49,12 +50,12 @@ def test_two_services_of_four_gpus_on_an_8_gpu_node(tmp_path):
         groups = [{"count": 1, "kind": "KIND_GPU", "gpus": [g]} for g in gpus]
         t = service(tmp_path, gpus, groups, name=name, launch="container", image="tritonserver:24.08-py3")
         assert [g["gpus"] for g in t.models[0].config["instance_group"]] == [[0], [1], [2], [3]]
-        place = launch.placement(t, b)
+        place = forms.placement(t, b)
         assert place["numa_node"] == SERVICE_NUMA[name] and place["mems"] == [SERVICE_NUMA[name]], place
-        argv = launch.container_argv(t, place)
+        argv = forms.container_argv(t, place)
         assert argv[argv.index("--gpus") + 1] == f'"device={",".join(map(str, gpus))}"'
         assert f"Environment=CUDA_VISIBLE_DEVICES={','.join(map(str, gpus))}" in \
-            launch.render_unit(service(tmp_path, gpus, groups, name=name + "-bin"), place).splitlines()
+            forms.render_unit(service(tmp_path, gpus, groups, name=name + "-bin"), place).splitlines()
 
 
 def test_a_gpu_outside_the_set_is_refused_at_its_line(tmp_path):
@@ -69,7 +70,7 @@ def test_a_gpu_outside_the_set_is_refused_at_its_line(tmp_path):
 def test_an_mps_client_counts_among_the_daemons_gpus(tmp_path):
     """NVIDIA's MPS guide: a client's CUDA_VISIBLE_DEVICES is read among the devices its control
     daemon sees (the daemon's own CUDA_VISIBLE_DEVICES), so GPU 5 of a daemon serving 4-7 is 1."""
-    from hkgpu_tune.serve.config import section
+    from hkgpu_tune.serve.schema.config import section
     doc = profile_dict(tmp_path, (18000, 18001, 18002))
     doc["triton"].update(gpu=[5, 6], launch="binary")
     doc["triton"]["models"][0]["instance_group"] = [{"count": 1, "kind": "KIND_GPU", "gpus": [6]}]
@@ -77,11 +78,11 @@ def test_an_mps_client_counts_among_the_daemons_gpus(tmp_path):
     f = tmp_path / "mps.yaml"
     f.write_text(dump(doc))
     t = section(parse_profile_text(f.read_text(), str(f)))
-    assert launch.server_env(t)["CUDA_VISIBLE_DEVICES"] == "1,2"
+    assert forms.server_env(t)["CUDA_VISIBLE_DEVICES"] == "1,2"
     assert t.models[0].config["instance_group"][0]["gpus"] == [1]        # among the server's 5, 6
     container = section(parse_profile_text(f.read_text().replace("launch: binary", "launch: container\n  image: x"),
                                            str(f)))
-    argv = launch.container_argv(container, {"cpus": [0]})
+    argv = forms.container_argv(container, {"cpus": [0]})
     assert argv[argv.index("--gpus") + 1] == '"device=5,6"'               # the runtime counts the host's
     doc["triton"]["gpu"] = [3]
     doc["triton"]["models"][0]["instance_group"][0]["gpus"] = [3]

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from hkgpu_tune.core.profile import load_profile
-from hkgpu_tune.serve import launch
+from hkgpu_tune.serve.running import launch
 
 from .conftest import dump, free_ports, needs_server, profile_dict
 from .test_reload_under_load import cli, server_pids

@@ -12,7 +12,8 @@ import urllib.request
 import pytest
 
 from hkgpu_tune.core.profile import load_profile
-from hkgpu_tune.serve import client, launch, render
+from hkgpu_tune.serve.repository import render
+from hkgpu_tune.serve.running import client, launch
 
 from .conftest import dump, free_ports, needs_server, profile_dict
 
@@ -43,7 +44,7 @@ def successes(t) -> float:
 
 
 def keepwarm(path, *args):
-    return subprocess.run([sys.executable, "-m", "hkgpu_tune.serve.keepwarm", "--profile", path, *args],
+    return subprocess.run([sys.executable, "-m", "hkgpu_tune.serve.running.keepwarm", "--profile", path, *args],
                           capture_output=True, text=True, timeout=60)
 
 

@@ -14,7 +14,8 @@ import pytest
 
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.core.profile import parse_profile_text
-from hkgpu_tune.serve import launch, render
+from hkgpu_tune.serve.repository import render
+from hkgpu_tune.serve.running import launch
 
 from .conftest import dump, free_ports, profile_dict
 from .test_verify_units import systemd

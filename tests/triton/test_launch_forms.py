@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from hkgpu_tune.core.profile import parse_profile_text
-from hkgpu_tune.serve import launch, records
+from hkgpu_tune.serve.running import forms, records
 
 from tests.helpers import processes
 
@@ -30,7 +30,7 @@ def section(tmp_path, **top):
 def test_container_command_is_exactly_this(tmp_path):
     t = section(tmp_path, launch="container", image="tritonserver:24.08-py3", gpu=3, runtime="podman",
                 shm_size="2g", http={"port": 9000, "address": "10.0.0.5"})
-    argv = launch.container_argv(t, PLACE)
+    argv = forms.container_argv(t, PLACE)
     assert argv == [
         "podman", "run", "--rm", "--name", "hkgpu-triton",
         "--gpus", "device=3", "--network", "host",
@@ -66,7 +66,7 @@ def test_container_command_is_exactly_this(tmp_path):
 
 def test_binary_unit_pins_hardens_and_binds_loopback(tmp_path):
     t = section(tmp_path, user="triton-server", gpu=1)
-    text = launch.render_unit(t, PLACE)
+    text = forms.render_unit(t, PLACE)
     lines = text.splitlines()
     for want in ("User=triton-server", "LimitMEMLOCK=infinity", "CPUAffinity=0-3,8-9", "NUMAPolicy=bind",
                  "NUMAMask=0", "NoNewPrivileges=yes", "ProtectSystem=strict", "PrivateTmp=yes",
@@ -82,7 +82,7 @@ def test_binary_unit_pins_hardens_and_binds_loopback(tmp_path):
 
 def test_wildcard_bind_only_when_asked(tmp_path):
     t = section(tmp_path, http={"port": 18000, "address": "0.0.0.0"})
-    assert "--http-address=0.0.0.0" in launch.server_args(t)
+    assert "--http-address=0.0.0.0" in forms.server_args(t)
     assert t.http.host == "127.0.0.1"  # clients on the node still use loopback
 
 
@@ -90,7 +90,7 @@ def test_wildcard_bind_only_when_asked(tmp_path):
 def test_unit_passes_systemd_analyze_verify(tmp_path):
     t = section(tmp_path, user="triton-server")
     unit = tmp_path / "hkgpu-triton.service"
-    unit.write_text(launch.render_unit(t, PLACE))
+    unit.write_text(forms.render_unit(t, PLACE))
     p = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True, text=True, timeout=60)
     # a binary outside the analyser's view is reported as missing; every other remark is ours to fix
     remarks = [x for x in (p.stderr + p.stdout).splitlines() if x.strip() and "is not executable" not in x
@@ -100,7 +100,7 @@ def test_unit_passes_systemd_analyze_verify(tmp_path):
 
 def test_container_unit_runs_the_container_in_the_foreground(tmp_path):
     t = section(tmp_path, launch="container", image="tritonserver:24.08-py3", gpu=0)
-    text = launch.render_unit(t, PLACE)
+    text = forms.render_unit(t, PLACE)
     exec_line = next(x for x in text.splitlines() if x.startswith("ExecStart="))
     assert exec_line.startswith(f"ExecStart={records.runtime_path('docker', required=False)} run --rm --name hkgpu-triton --gpus device=0 --network host")
     assert "--detach" not in exec_line
@@ -108,19 +108,19 @@ def test_container_unit_runs_the_container_in_the_foreground(tmp_path):
 
 
 def test_cpu_list_and_placement_fallback(tmp_path, monkeypatch):
-    assert launch.cpu_list([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
-    assert launch.cpu_list([3]) == "3"
+    assert forms.cpu_list([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
+    assert forms.cpu_list([3]) == "3"
     import os
     from hkgpu_tune.backends import topology
     from hkgpu_tune.core.errors import HkError
     t = section(tmp_path)
-    p = launch.placement(t)
+    p = forms.placement(t)
     assert p["cpus"] == sorted(os.sched_getaffinity(0)) and p["source"] == "no GPU named; all CPUs"
 
     def unreadable(backends, gpu):
         raise HkError("GPU 0: NVML is not available")
     monkeypatch.setattr(topology, "service_placement", unreadable)
-    p = launch.placement(section(tmp_path, gpu=0))
+    p = forms.placement(section(tmp_path, gpu=0))
     assert p["cpus"] == sorted(os.sched_getaffinity(0))
     assert p["source"] == "placement: GPU 0: NVML is not available; all CPUs"
 
@@ -131,7 +131,7 @@ def test_the_record_names_the_server_only_by_program_start_time_session_and_user
     root signals its process group only when all of them match what it started."""
     import subprocess
 
-    from hkgpu_tune.serve.launch import _alive, _start_ticks
+    from hkgpu_tune.serve.running.launch import _alive, _start_ticks
     p = subprocess.Popen(["/bin/sleep", "30"], start_new_session=True)
     q = subprocess.Popen(["/bin/sleep", "30"])   # same program, not a session leader
     try:
@@ -155,7 +155,8 @@ def test_a_link_planted_at_the_process_record_is_refused_and_no_server_is_left(t
     started is stopped (without its record nothing could stop it later)."""
     from hkgpu_tune.core.errors import HkError
     from hkgpu_tune.core.profile import load_profile
-    from hkgpu_tune.serve import launch, render
+    from hkgpu_tune.serve.repository import render
+    from hkgpu_tune.serve.running import forms, launch
     from .conftest import free_ports
     p = tmp_path / "p.yaml"
     p.write_text(dump(profile_dict(tmp_path, free_ports(3))))
@@ -164,7 +165,7 @@ def test_a_link_planted_at_the_process_record_is_refused_and_no_server_is_left(t
     os.makedirs(t.run_dir, exist_ok=True)
     victim = tmp_path / "victim"
     victim.write_text("keep me\n")
-    os.symlink(victim, os.path.join(t.run_dir, launch.PID_FILE))
+    os.symlink(victim, os.path.join(t.run_dir, forms.PID_FILE))
     with pytest.raises(HkError, match="refusing to replace it: it is a link|Too many levels of symbolic links"):
         launch.start(t)
     assert victim.read_text() == "keep me\n"

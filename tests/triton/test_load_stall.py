@@ -145,7 +145,7 @@ def ready(port: int, model: str) -> bool:
 
 def test_model_control_falls_back_to_http_where_grpc_is_not_reachable(node):
     """Unloaded first (by hand, over HTTP): the fallback must really load it, not find it loaded."""
-    from hkgpu_tune.serve import client
+    from hkgpu_tune.serve.running import client
     (closed,) = free_ports(1)
     port = node["ports"][0]
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
@@ -163,7 +163,7 @@ def test_model_control_falls_back_to_http_where_grpc_is_not_reachable(node):
 
 def test_a_load_that_fails_over_grpc_gives_triton_s_first_line(node):
     from hkgpu_tune.core.errors import HkError
-    from hkgpu_tune.serve import client
+    from hkgpu_tune.serve.running import client
     http_port, grpc_port, _ = node["ports"]
     with client.Client("127.0.0.1", http_port, timeout=60, grpc=("127.0.0.1", grpc_port)) as c:
         with pytest.raises(HkError) as e:

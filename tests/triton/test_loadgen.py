@@ -11,7 +11,9 @@ import pytest
 
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.core.profile import load_profile
-from hkgpu_tune.serve import launch, loadgen, render
+from hkgpu_tune.serve.repository import render
+from hkgpu_tune.serve.running import launch
+from hkgpu_tune.serve.measuring import loadgen
 
 from .conftest import dump, free_ports, needs_server, profile_dict
 

@@ -14,7 +14,9 @@ import pytest
 
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.core.profile import load_profile
-from hkgpu_tune.serve import client, launch, loadgen, plain_grpc, render, sweep
+from hkgpu_tune.serve.repository import render
+from hkgpu_tune.serve.running import client, launch
+from hkgpu_tune.serve.measuring import loadgen, plain_grpc, sweep
 
 from .conftest import dump, free_ports, needs_server, profile_dict
 from .test_reload_under_load import ROOT

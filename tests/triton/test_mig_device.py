@@ -17,7 +17,8 @@ from hkgpu_tune.backends import Backends
 from hkgpu_tune.backends.nvml import ReplayNvml
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.core.profile import parse_profile_text
-from hkgpu_tune.serve import launch, render, tensorrt
+from hkgpu_tune.serve.repository import render, tensorrt
+from hkgpu_tune.serve.running import forms
 
 from .conftest import dump, profile_dict
 
@@ -59,10 +60,10 @@ def test_binary_form_sees_exactly_the_mig_device_as_device_0(tmp_path):
     assert t.mig == MIG_B and t.gpu is None
     assert t.models[0].config["instance_group"][0]["gpus"] == [0]        # the parent GPU 1 is 0 inside
     assert "gpus: 0" in render.render_config(t.models[0])
-    env = launch.server_env(t)
+    env = forms.server_env(t)
     assert env["CUDA_VISIBLE_DEVICES"] == MIG_B
     place = {"cpus": [1], "mems": [1], "numa_node": 1, "source": "test"}
-    assert f"Environment=CUDA_VISIBLE_DEVICES={MIG_B}" in launch.render_unit(t, place).splitlines()
+    assert f"Environment=CUDA_VISIBLE_DEVICES={MIG_B}" in forms.render_unit(t, place).splitlines()
     # no gpus in the group: the server's one device
     t = service(tmp_path, MIG_B, [{"count": 1, "kind": "KIND_GPU"}], name="nogpus")
     assert "gpus" not in t.models[0].config["instance_group"][0]
@@ -70,7 +71,7 @@ def test_binary_form_sees_exactly_the_mig_device_as_device_0(tmp_path):
 
 def test_container_form_uses_the_toolkits_device_form_and_docker_accepts_it(tmp_path):
     t = service(tmp_path, MIG_A, launch="container", image="tritonserver:24.08-py3")
-    argv = launch.container_argv(t, {"cpus": [0]})
+    argv = forms.container_argv(t, {"cpus": [0]})
     assert argv[argv.index("--gpus") + 1] == f"device={MIG_A}"
     assert not any(a.startswith("CUDA_VISIBLE_DEVICES") for a in argv)
     images = tmp_path / "images.json"
@@ -115,10 +116,10 @@ def test_a_group_naming_two_gpus_on_a_mig_device_is_refused(tmp_path):
 def test_placement_comes_from_the_parent_gpu(tmp_path):
     b = a30_host()
     t = service(tmp_path, MIG_B, launch="container", image="tritonserver:24.08-py3")
-    place = launch.placement(t, b)
+    place = forms.placement(t, b)
     assert place["numa_node"] == 1 and place["mems"] == [1], place          # GPU 1's node, not GPU 0's
     gone = service(tmp_path, "MIG-00000000-0000-5000-8000-000000000000", name="gone")
-    place = launch.placement(gone, b)
+    place = forms.placement(gone, b)
     assert place["mems"] == [] and "no MIG device MIG-00000000-0000-5000-8000-000000000000" in place["source"]
 
 
@@ -151,14 +152,14 @@ def test_verify_names_a_missing_mig_device_as_drift_never_ok(tmp_path):
 def test_an_mps_client_on_a_mig_device_keeps_its_uuid(tmp_path):
     """NVIDIA's MPS guide: a UUID in CUDA_VISIBLE_DEVICES means the same device to the daemon and its
     clients (indices are renumbered among the daemon's); the daemon must serve that MIG device."""
-    from hkgpu_tune.serve.config import section
+    from hkgpu_tune.serve.schema.config import section
     doc = profile_dict(tmp_path, (18000, 18001, 18002))
     doc["triton"].update(gpu=MIG_A, launch="binary")
     doc["mps"] = {"pipe_dir": f"{tmp_path}/pipe", "log_dir": f"{tmp_path}/log", "gpus": [MIG_A]}
     f = tmp_path / "mps.yaml"
     f.write_text(dump(doc))
     t = section(parse_profile_text(f.read_text(), str(f)))
-    env = launch.server_env(t)
+    env = forms.server_env(t)
     assert env["CUDA_VISIBLE_DEVICES"] == MIG_A and env["CUDA_MPS_PIPE_DIRECTORY"] == f"{tmp_path}/pipe"
     for gpus, msg in (([MIG_B], f"GPU {MIG_A} is not one the MPS daemon serves"),
                       ([0], f"GPU {MIG_A} is not one the MPS daemon serves"),
@@ -173,7 +174,7 @@ def test_an_mps_client_on_a_mig_device_keeps_its_uuid(tmp_path):
 
 
 def test_the_mps_client_check_reads_the_parent_gpus_processes(tmp_path, monkeypatch):
-    from hkgpu_tune.serve import launch as launch_mod
+    from hkgpu_tune.serve.running import launch as launch_mod
     from hkgpu_tune.subsystems.triton import Plugin
     doc = profile_dict(tmp_path, (18000, 18001, 18002))
     doc["triton"].update(gpu=MIG_B)

@@ -12,7 +12,8 @@ from hkgpu_tune.tune.engine import Engine
 from hkgpu_tune.core.profile import parse_profile_text
 from hkgpu_tune.core.report import DRIFT, OK, UNSUPPORTED
 from hkgpu_tune.subsystems import triton
-from hkgpu_tune.serve import launch, render
+from hkgpu_tune.serve.repository import render
+from hkgpu_tune.serve.running import forms, launch
 
 from .conftest import dump, free_ports, needs_server, profile_dict
 
@@ -35,13 +36,13 @@ def tmp_dir(tmp_path_factory):
 
 def test_unit_carries_the_mps_directories(tmp_dir):
     t = triton.section(profile(tmp_dir, gpu=0))
-    lines = launch.render_unit(t, PLACE).splitlines()
+    lines = forms.render_unit(t, PLACE).splitlines()
     for d, var in ((f"{tmp_dir}/mps-pipe", "CUDA_MPS_PIPE_DIRECTORY"), (f"{tmp_dir}/mps-log", "CUDA_MPS_LOG_DIRECTORY")):
         assert f"Environment={var}={d}" in lines
         assert f"BindPaths={d}" in lines and f"ReadWritePaths={d}" in lines
     # without the mps section (or with it disabled) none of it
     for prof in (profile(tmp_dir, gpu=0, mps=False),):
-        assert "CUDA_MPS" not in launch.render_unit(triton.section(prof), PLACE)
+        assert "CUDA_MPS" not in forms.render_unit(triton.section(prof), PLACE)
     doc = profile_dict(tmp_dir, (18000, 18001, 18002))
     doc["mps"] = {"enabled": False, "pipe_dir": f"{tmp_dir}/mps-pipe"}
     off = parse_profile_text(dump(doc), str(tmp_dir / "off.yaml"))
@@ -50,13 +51,13 @@ def test_unit_carries_the_mps_directories(tmp_dir):
 
 def test_container_command_carries_the_mps_directories(tmp_dir):
     t = triton.section(profile(tmp_dir, launch="container", image="tritonserver:24.08-py3", gpu=0))
-    argv = launch.container_argv(t, PLACE)
+    argv = forms.container_argv(t, PLACE)
     pipe, log = f"{tmp_dir}/mps-pipe", f"{tmp_dir}/mps-log"
     i = argv.index("--ipc=host")
     assert argv[i + 1:i + 9] == ["-e", f"CUDA_MPS_PIPE_DIRECTORY={pipe}", "-e", f"CUDA_MPS_LOG_DIRECTORY={log}",
                                  "-v", f"{pipe}:{pipe}", "-v", f"{log}:{log}"]
     assert argv.index("--ipc=host") < argv.index("tritonserver:24.08-py3")
-    plain = launch.container_argv(triton.section(profile(tmp_dir, mps=False, launch="container",
+    plain = forms.container_argv(triton.section(profile(tmp_dir, mps=False, launch="container",
                                                          image="tritonserver:24.08-py3")), PLACE)
     assert "--ipc=host" not in plain and not any("CUDA_MPS" in a for a in plain)
 
@@ -71,7 +72,7 @@ def test_exclusive_process_with_mps_is_a_valid_pairing(tmp_dir):
     prof = parse_profile_text(dump(doc), str(tmp_dir / "p.yaml"))
     assert prof.section("gpu") is not None
     t = triton.section(prof)
-    assert launch.server_env(t)["CUDA_MPS_PIPE_DIRECTORY"] == f"{tmp_dir}/mps-pipe"
+    assert forms.server_env(t)["CUDA_MPS_PIPE_DIRECTORY"] == f"{tmp_dir}/mps-pipe"
 
 
 class FakeNvml(ReplayNvml):

@@ -16,7 +16,8 @@ from hkgpu_tune.tune.engine import Engine
 from hkgpu_tune.core.profile import parse_profile_text
 from hkgpu_tune.core.report import DRIFT, OK
 from hkgpu_tune.subsystems import triton
-from hkgpu_tune.serve import launch, render
+from hkgpu_tune.serve.repository import render
+from hkgpu_tune.serve.running import launch
 from tests.helpers import gone
 
 from .conftest import dump, free_ports, needs_server, profile_dict

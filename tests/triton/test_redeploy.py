@@ -14,7 +14,7 @@ import pytest
 from hkgpu_tune.tune.engine import Engine
 from hkgpu_tune.core.profile import load_profile
 from hkgpu_tune.core.report import OK
-from hkgpu_tune.serve import client, launch
+from hkgpu_tune.serve.running import client, launch
 
 from .conftest import MODEL_PY, dump, free_ports, needs_server, profile_dict
 

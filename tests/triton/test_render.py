@@ -12,8 +12,8 @@ from tritonclient.grpc import model_config_pb2
 
 from hkgpu_tune.core.errors import ProfileError
 from hkgpu_tune.core.profile import load_profile, parse_profile_text
-from hkgpu_tune.serve.render import check_models
-from hkgpu_tune.serve import render
+from hkgpu_tune.serve.repository.render import check_models
+from hkgpu_tune.serve.repository import render
 
 from .conftest import MODEL_PY, dump, profile_dict
 
@@ -178,7 +178,7 @@ def test_tritonclient_without_grpc_extras_is_a_clear_error(tmp_path):
     fake.mkdir(parents=True)
     (tmp_path / "tritonclient" / "__init__.py").write_text("")
     (fake / "__init__.py").write_text('raise RuntimeError("The installation does not include grpc support.")\n')
-    code = ("from hkgpu_tune.core.errors import HkError\nfrom hkgpu_tune.serve import render\n"
+    code = ("from hkgpu_tune.core.errors import HkError\nfrom hkgpu_tune.serve.repository import render\n"
             "try:\n    render._schema()\nexcept HkError as e:\n    print(e)\n")
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -189,16 +189,17 @@ def test_tritonclient_without_grpc_extras_is_a_clear_error(tmp_path):
 
 
 def test_parsing_imports_no_service_code_and_plan_checks_the_schema(tmp_path):
-    """Parsing a profile with a triton section imports only the section's schema (serve.services,
-    serve.config, serve.connections, serve.gate_spec): no service code and no tritonclient (a wrong config field is found at plan time, with its
+    """Parsing a profile with a triton section imports only the section's schema (serve.schema: services,
+    config, connections, gate_spec, devices): no service code and no tritonclient (a wrong config field is found at plan time, with its
     file, line and key path)."""
     f = tmp_path / "p.yaml"
     f.write_text(GOOD.replace("data_type: FP32\n          dims", "data_type: FP33\n          dims"))
     code = ("import sys\nfrom hkgpu_tune.core.profile import load_profile\n"
             f"t = load_profile({str(f)!r}).section('triton')\n"
             "print(sorted(m for m in sys.modules if m.startswith(('hkgpu_tune.serve', 'tritonclient', 'google.protobuf'))"
-        " and m not in ('hkgpu_tune.serve', 'hkgpu_tune.serve.config', 'hkgpu_tune.serve.connections',"
-        " 'hkgpu_tune.serve.devices', 'hkgpu_tune.serve.gate_spec', 'hkgpu_tune.serve.services')))")
+        " and m not in ('hkgpu_tune.serve', 'hkgpu_tune.serve.schema', 'hkgpu_tune.serve.schema.config',"
+        " 'hkgpu_tune.serve.schema.connections', 'hkgpu_tune.serve.schema.devices', 'hkgpu_tune.serve.schema.gate_spec',"
+        " 'hkgpu_tune.serve.schema.services')))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"

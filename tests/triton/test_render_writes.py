@@ -6,7 +6,7 @@ import os
 import pytest
 
 from hkgpu_tune.core.errors import HkError
-from hkgpu_tune.serve import render
+from hkgpu_tune.serve.repository import render
 
 from .conftest import MODEL_PY, dump, profile_dict
 from .test_render import section

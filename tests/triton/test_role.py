@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from hkgpu_tune.core.profile import load_profile
-from hkgpu_tune.serve import launch
+from hkgpu_tune.serve.running import launch
 
 from .conftest import MODEL_PY, free_ports, needs_server
 
@@ -124,6 +124,6 @@ def test_role_runs_several_services_each_gated(tmp_path):
         assert p.returncode == 0 and recap(p.stdout)["changed"] == 0, p.stdout[-4000:]
     finally:
         if profile.exists():
-            from hkgpu_tune.serve.config import services as every
+            from hkgpu_tune.serve.schema.config import services as every
             for t in every(load_profile(str(profile))):
                 launch.stop(t)

@@ -17,7 +17,9 @@ from hkgpu_tune.tune.engine import Engine
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.core.profile import load_profile
 from hkgpu_tune.core.report import DRIFT, OK
-from hkgpu_tune.serve import client, gate, launch, render
+from hkgpu_tune.serve.repository import render
+from hkgpu_tune.serve.running import client, forms, launch
+from hkgpu_tune.serve.measuring import gate
 
 from tests.helpers import gone, processes
 
@@ -62,7 +64,7 @@ def test_ready_pinned_and_bound_to_loopback(server):
     with client.Client(t.http.host, t.http.port) as c:
         assert c.ready() and c.model_ready("doubler")
     proc = psutil.Process(st["pid"])
-    assert proc.cpu_affinity() == launch.placement(t)["cpus"]
+    assert proc.cpu_affinity() == forms.placement(t)["cpus"]
     listening = {(cn.laddr.ip, cn.laddr.port) for cn in proc.net_connections("tcp") if cn.status == "LISTEN"}
     assert {p for _, p in listening} >= set(server["ports"]), launch.log_tail(t, 30)  # metrics included
     assert {ip.removeprefix("::ffff:") for ip, _ in listening} == {"127.0.0.1"}  # nothing on 0.0.0.0 unless asked

@@ -14,7 +14,7 @@ import pytest
 
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.core.profile import parse_profile_text
-from hkgpu_tune.serve import launch
+from hkgpu_tune.serve.running import forms, launch
 from tests.helpers import gone
 
 from .conftest import DATA, dump, free_ports, profile_dict
@@ -30,7 +30,7 @@ def section(tmp_path, ports, stop_timeout_s=1, extra_args=()):
 
 
 def spawn(t, *argv) -> int:
-    return launch._spawn(launch.ServiceRef.of(t), [sys.executable, *argv], {}, t.user, "binary", {})
+    return launch._spawn(forms.ServiceRef.of(t), [sys.executable, *argv], {}, t.user, "binary", {})
 
 
 @pytest.fixture
@@ -93,7 +93,7 @@ def test_an_endpoint_switched_off_in_extra_args_is_not_waited_for(tmp_path, stop
 ])
 def test_the_kill_comes_only_after_the_servers_exit_timeout_and_the_grace(tmp_path, monkeypatch, stopped, exit_s,
                                                                             grace, how, seconds, note):
-    monkeypatch.setattr(launch, "STOP_GRACE_S", grace)
+    monkeypatch.setattr(forms, "STOP_GRACE_S", grace)
     t = section(tmp_path, free_ports(3), stop_timeout_s=1)
     pid = spawn_slow_exit(t, exit_s)
     stopped.append(t)
@@ -110,7 +110,7 @@ def test_the_unit_outlasts_the_servers_exit_timeout(tmp_path):
             doc = profile_dict(tmp_path, (18000, 18001, 18002))
             doc["triton"].update(launch="container", image="tritonserver:24.08-py3", gpu=0)
             t = parse_profile_text(dump(doc), str(tmp_path / "c.yaml")).section("triton")
-        text = launch.render_unit(t, {"cpus": [0], "mems": [0], "source": "test"})
+        text = forms.render_unit(t, {"cpus": [0], "mems": [0], "source": "test"})
         exit_s = int(re.search(r"--exit-timeout-secs=(\d+)", text).group(1))
         systemd_s = int(re.search(r"^TimeoutStopSec=(\d+)$", text, re.M).group(1))
         assert exit_s == 30 and systemd_s > exit_s, (form, exit_s, systemd_s)

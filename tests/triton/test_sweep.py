@@ -11,7 +11,7 @@ import sys
 import pytest
 import yaml
 
-from hkgpu_tune.serve import client
+from hkgpu_tune.serve.running import client
 
 from .conftest import DATA, dump, free_ports, needs_server, profile_dict
 

@@ -22,7 +22,7 @@ import yaml
 from hkgpu_tune.tune import persist
 from hkgpu_tune.core.profile import parse_profile_text
 from hkgpu_tune.subsystems import mps
-from hkgpu_tune.serve import launch
+from hkgpu_tune.serve.running import forms
 
 from ..helpers import REPO, role_filters
 from .conftest import HAVE_PYTRITON, dump, profile_dict
@@ -70,13 +70,13 @@ def triton(tmp_path, mps_dirs=None, **top):
     doc["triton"].update(top)
     if mps_dirs:
         doc["mps"] = {"pipe_dir": mps_dirs[0], "log_dir": mps_dirs[1]}
-    from hkgpu_tune.serve.config import section
+    from hkgpu_tune.serve.schema.config import section
     return section(parse_profile_text(dump(doc), str(tmp_path / "p.yaml")))
 
 
 def test_the_analyser_catches_a_bad_unit(tmp_path):
     """The check can fail: a misspelt directive and a wrong CPU list are reported."""
-    bad = launch.render_unit(triton(tmp_path, server=sys.executable), PLACE)
+    bad = forms.render_unit(triton(tmp_path, server=sys.executable), PLACE)
     bad = bad.replace("CPUAffinity=0-1", "CPUAffinity=zero").replace("PrivateTmp=yes", "PrivateTemp=yes")
     other, _ = analyze(tmp_path, {"bad.service": bad})
     assert any("PrivateTemp" in x for x in other) and any("CPU affinity" in x for x in other), other
@@ -85,11 +85,11 @@ def test_the_analyser_catches_a_bad_unit(tmp_path):
 @pytest.mark.skipif(not HAVE_PYTRITON, reason="needs the nvidia-pytriton wheel (the binary the unit runs)")
 def test_triton_binary_unit(tmp_path):
     t = triton(tmp_path, user="triton-server", gpu=0, mps_dirs=("/run/nvidia-mps", "/tmp/mps"))
-    assert "BindPaths=/tmp/mps" in launch.render_unit(t, PLACE)   # the MPS lines are in what is checked
-    head = launch.render_unit(t, PLACE).split("[Service]")[0]      # started after the MPS daemon
+    assert "BindPaths=/tmp/mps" in forms.render_unit(t, PLACE)   # the MPS lines are in what is checked
+    head = forms.render_unit(t, PLACE).split("[Service]")[0]      # started after the MPS daemon
     assert "After=network-online.target nvidia-persistenced.service nvidia-mps.service" in head
     assert "Wants=network-online.target nvidia-mps.service" in head
-    other, missing = analyze(tmp_path, {"hkgpu-triton.service": launch.render_unit(t, PLACE)})
+    other, missing = analyze(tmp_path, {"hkgpu-triton.service": forms.render_unit(t, PLACE)})
     assert (other, missing) == ([], set())
 
 
@@ -97,7 +97,7 @@ def test_triton_binary_unit(tmp_path):
 def test_triton_container_unit(tmp_path, runtime):
     t = triton(tmp_path, launch="container", image="localhost/tritonserver:test", runtime=runtime, gpu=0,
                unit=f"hkgpu-triton-{runtime}")
-    text = launch.render_unit(t, PLACE)
+    text = forms.render_unit(t, PLACE)
     # the container goes with the service: removed after stop, not left exited (tests/vm saw it)
     assert any(x.startswith("ExecStopPost=-") and x.endswith(f"{runtime} rm --force hkgpu-triton-{runtime}")
                for x in text.splitlines()), text
@@ -114,7 +114,7 @@ def test_triton_unit_on_a_mig_position(tmp_path, form):
     top = {"launch": "container", "image": "localhost/tritonserver:test", "runtime": "podman"} \
         if form == "container" else {"user": "triton-server"}
     t = triton(tmp_path, gpu="mig:0/1", unit=f"hkgpu-triton-{form}", **top)
-    text = launch.render_unit(t, PLACE)
+    text = forms.render_unit(t, PLACE)
     assert f"EnvironmentFile=-/run/hkgpu-tune/mig-hkgpu-triton-{form}.env" in text.splitlines()
     assert any(x.startswith("ExecStartPre=+") and x.endswith(f"mig-env mig:0/1 /run/hkgpu-tune/mig-hkgpu-triton-{form}.env")
                for x in text.splitlines()), text

@@ -21,7 +21,7 @@ from hkgpu_tune.core.errors import HkError, UnsupportedError
 from hkgpu_tune.core.profile import parse_profile_text
 from hkgpu_tune.core.report import DRIFT, OK
 from hkgpu_tune.subsystems.triton import Plugin
-from hkgpu_tune.serve import render, tensorrt
+from hkgpu_tune.serve.repository import render, tensorrt
 from tests.standins import triton_tensorrt
 
 STANDINS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "standins")

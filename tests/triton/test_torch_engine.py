@@ -13,8 +13,8 @@ import pytest
 
 from hkgpu_tune.core.errors import HkError, ProfileError
 from hkgpu_tune.core.profile import parse_profile_text
-from hkgpu_tune.serve.config import TORCH_MODEL, Build, choose_engine
-from hkgpu_tune.serve.torch_model import graph_batches
+from hkgpu_tune.serve.schema.config import TORCH_MODEL, Build, choose_engine
+from hkgpu_tune.serve.repository.torch_model import graph_batches
 
 PROFILE = """\
 name: t
@@ -62,7 +62,7 @@ def test_a_torch_model_is_served_by_the_backend_asked_for_with_the_engine_file(t
     assert "platform" not in m.config
     assert m.config["parameters"]["torchvision"] == {"string_value": "resnet50"}
     assert m.config["parameters"]["cuda_graphs"] == {"string_value": "true"}
-    from hkgpu_tune.serve import batch_backend, render
+    from hkgpu_tune.serve.repository import batch_backend, render
     if backend == "hkbatch" and not batch_backend.available()[0]:
         pytest.skip(f"hkbatch cannot be built here: {batch_backend.available()[1]}")
     files = render.write_repository(t)
@@ -79,8 +79,8 @@ def test_a_torch_model_is_served_by_the_backend_asked_for_with_the_engine_file(t
     (True, False, ("python", "hkbatch unavailable: this Python")),
 ])
 def test_auto_picks_hkbatch_where_it_builds_and_says_why_not(monkeypatch, have_cxx, have_lib, want):
-    from hkgpu_tune.serve.config import choose_backend
-    from hkgpu_tune.serve import batch_backend
+    from hkgpu_tune.serve.schema.config import choose_backend
+    from hkgpu_tune.serve.repository import batch_backend
     monkeypatch.setattr(batch_backend, "compiler", lambda: "/usr/bin/c++" if have_cxx else None)
     monkeypatch.setattr(batch_backend, "python_library", lambda: "/usr/lib/libpython3.11.so.1.0" if have_lib else None)
     monkeypatch.setattr(batch_backend, "PREBUILT", "/nonexistent/libtriton_hkbatch.so")
@@ -90,7 +90,7 @@ def test_auto_picks_hkbatch_where_it_builds_and_says_why_not(monkeypatch, have_c
 
 
 def test_hkbatch_library_drift_and_unsupported_in_the_repository_state(tmp_path, monkeypatch):
-    from hkgpu_tune.serve import batch_backend, render
+    from hkgpu_tune.serve.repository import batch_backend, render
     text = PROFILE.format(root=tmp_path, build="{torchvision: resnet50, backend: hkbatch}")
     t = parse_profile_text(text, "p.yaml").section("triton")
     m = t.models[0]
@@ -152,7 +152,7 @@ def test_verify_shows_the_engine_and_why(tmp_path):
 
 
 # ---------------------------------------------------------------- engine options (config parameters)
-from hkgpu_tune.serve.torch_model import AUTOTUNE_MIN_BUDGET_S, engine_options, private_dir  # noqa: E402
+from hkgpu_tune.serve.repository.torch_model import AUTOTUNE_MIN_BUDGET_S, engine_options, private_dir  # noqa: E402
 
 
 def test_engine_options_defaults_and_values():
@@ -208,7 +208,7 @@ def test_engine_parameters_from_the_profile_reach_the_rendered_config(tmp_path):
     text += ("      config:\n        parameters:\n          compile: {string_value: \"true\"}\n"
              "          sync: {string_value: blocking}\n")
     t = parse_profile_text(text, "p.yaml").section("triton")
-    from hkgpu_tune.serve import render
+    from hkgpu_tune.serve.repository import render
     render.write_repository(t)
     cfg = render.parse_config(open(os.path.join(tmp_path, "models/resnet50/config.pbtxt")).read())
     params = {k: v["string_value"] for k, v in cfg["parameters"].items()}
@@ -244,7 +244,7 @@ def test_the_container_form_never_gets_hkbatch(tmp_path, build, want):
 
 
 def test_install_writes_no_link_and_rebuilds_a_changed_library(tmp_path):
-    from hkgpu_tune.serve import batch_backend
+    from hkgpu_tune.serve.repository import batch_backend
     if not batch_backend.available()[0]:
         pytest.skip(f"hkbatch cannot be built here: {batch_backend.available()[1]}")
     victim = tmp_path / "victim"

@@ -8,7 +8,7 @@ from hkgpu_tune.tune.engine import Engine
 from hkgpu_tune.core.profile import parse_profile_text
 from hkgpu_tune.core.report import DRIFT, ERROR, OK, UNSUPPORTED
 from hkgpu_tune.subsystems.triton import Plugin
-from hkgpu_tune.serve import launch
+from hkgpu_tune.serve.running import forms, launch
 
 from .conftest import dump, free_ports, profile_dict
 
@@ -52,7 +52,7 @@ def plugin(tmp_path, **top):
 def test_systemd_status_through_systemctl(tmp_path):
     _, t = plugin(tmp_path, unit="tritonA")
     b, _ = systemd(tmp_path, active={"tritonA.service"})
-    assert launch.supervisor(t, b) == "systemd"
+    assert forms.supervisor(t, b) == "systemd"
     st = launch.status(t, b)
     assert st == {"active": True, "state": "active", "target": "tritonA.service", "pid": None, "reason": ""}
     b, _ = systemd(tmp_path)
@@ -65,20 +65,20 @@ def test_start_under_systemd_installs_the_unit_and_enables_it(tmp_path, monkeypa
     # the unit's user (the default, triton-server, absent here) is checked first: test_launch_access.py
     checked = []
     monkeypatch.setattr(launch, "check_user_access", lambda t, user: checked.append(user))
-    from hkgpu_tune.serve import render
+    from hkgpu_tune.serve.repository import render
     render.write_repository(t)
     place = {"cpus": [0], "mems": [], "numa_node": None, "source": "test"}
     st = launch.start(t, b, place=place)
     assert st["active"] and st["target"] == "hkgpu-triton.service"
     unit = tmp_path / "root" / "etc" / "systemd" / "system" / "hkgpu-triton.service"
-    assert unit.read_text() == launch.render_unit(t, place)
-    assert checked == [launch.DEFAULT_USER]
+    assert unit.read_text() == forms.render_unit(t, place)
+    assert checked == [forms.DEFAULT_USER]
     assert ["daemon-reload"] in cmd.calls and ["enable", "--now", "hkgpu-triton.service"] in cmd.calls
     rep = launch.stop(t, b)
     assert (rep["stopped"], rep["how"], rep["left"], "note" in rep) == (True, "systemctl stop", [], False), rep
     # systemctl is given longer than the unit's TimeoutStopSec (which can be over its default 60 s)
     stop_call = next(c for c in cmd.timeouts if c[0][0] == "stop")
-    assert stop_call[1] > t.gate.stop_timeout_s + 2 * launch.STOP_GRACE_S, stop_call
+    assert stop_call[1] > t.gate.stop_timeout_s + 2 * forms.STOP_GRACE_S, stop_call
     assert launch.stop(t, b)["how"] == "was not running"
 
 
@@ -93,7 +93,7 @@ def test_unit_file_drift_and_service_down_are_fixable(tmp_path):
     assert res[2].write == "running" and res[2].current == "inactive"
     changes, _ = p.plan()
     assert [c.key for c in changes] == ["unit", "repository", "service"]   # the launch first: undone last
-    launch.install_unit(t, b)
+    forms.install_unit(t, b)
     unit = tmp_path / "root" / "etc" / "systemd" / "system" / "hkgpu-triton.service"
     assert {r.key: r.status for r in p.verify()}["unit"] == OK
     unit.write_text(unit.read_text().replace("LimitMEMLOCK=infinity\n", ""))
@@ -106,15 +106,15 @@ def test_a_unit_whose_stop_settings_changed_is_reloaded_not_restarted(tmp_path, 
     systemd reads those at the stop, after the daemon-reload."""
     prof, t = plugin(tmp_path, supervisor="systemd")
     b, cmd = systemd(tmp_path, active={"hkgpu-triton.service"})
-    from hkgpu_tune.serve import render
+    from hkgpu_tune.serve.repository import render
     render.write_repository(t)
-    launch.install_unit(t, b)
+    forms.install_unit(t, b)
     unit = tmp_path / "root" / "etc" / "systemd" / "system" / "hkgpu-triton.service"
     rendered = unit.read_text()
     restarts = []
     monkeypatch.setattr(launch, "restart", lambda *a, **k: restarts.append(a))
     from types import SimpleNamespace
-    from hkgpu_tune.serve import gate
+    from hkgpu_tune.serve.measuring import gate
     monkeypatch.setattr(gate, "run_gate", lambda *a, **k: SimpleNamespace(passed=True, client_bound=False,
                                                                          message="p99 ok", loads=[]))
     p = Plugin(prof, b)
@@ -131,7 +131,7 @@ def test_a_unit_whose_stop_settings_changed_is_reloaded_not_restarted(tmp_path, 
         p.after_apply(changes)
         assert unit.read_text() == rendered and bool(restarts) == restart, (old, restarts)
         restarts.clear()
-    assert launch.unit_needs_restart(None, rendered)
+    assert forms.unit_needs_restart(None, rendered)
 
 
 def test_extra_args_cannot_override_what_the_profile_sets(tmp_path):
@@ -189,7 +189,7 @@ def test_compare_of_a_running_service(tmp_path):
 
 def test_plan_without_trtexec_is_unsupported_not_a_crash(tmp_path, monkeypatch):
     (tmp_path / "m.onnx").write_bytes(b"x")
-    from hkgpu_tune.serve import tensorrt
+    from hkgpu_tune.serve.repository import tensorrt
     monkeypatch.setattr(tensorrt, "trtexec_path", lambda: None)
     prof = parse_profile_text(f"""\
 triton:

@@ -16,7 +16,8 @@ import yaml
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.core.fsutil import copy_pinned
 from hkgpu_tune.core.profile import load_profile
-from hkgpu_tune.serve import config, render, torch_model
+from hkgpu_tune.serve.schema import config
+from hkgpu_tune.serve.repository import render, torch_model
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -155,7 +155,7 @@ def test_imports_go_down_the_layers():
 
 
 def test_no_string_names_a_module_up_the_layers():
-    """core/profile.py once mapped sections to "hkgpu_tune.serve.services:parse_profile" and
+    """core/profile.py once mapped sections to "hkgpu_tune.serve.schema.services:parse_profile" and
     seven more: a hidden cycle. A lower layer learns of a higher one by registration, never by name."""
     up = sorted(f"{m}:{line} -> {t}" for m, refs in string_refs(MODS).items() for t, line in refs
                 if layer(m) is not None and layer(t) is not None and layer(t) > layer(m))

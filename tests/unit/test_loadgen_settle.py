@@ -12,7 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from hkgpu_tune.serve import loadgen
+from hkgpu_tune.serve.measuring import loadgen
 
 COUNT_LAG_S = 0.3     # a request is counted this long after its answer
 METRICS_READ_S = 0.3  # a /metrics read takes this long

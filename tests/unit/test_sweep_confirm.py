@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hkgpu_tune.serve import sweep
+from hkgpu_tune.serve.measuring import sweep, sweep_out
 
 
 def load(conc, p99, errors=0, duration=5.0):
@@ -70,7 +70,7 @@ def test_nothing_held_is_a_one_line_failure(scripted):
     msg = sweep.failure(rep)
     assert msg == ("triton sweep: the best config (mb 8) did not hold p99 <= 10 ms under a longer load "
                    "(last: 64 in flight, p99 10.50 ms, 0 errors)")
-    assert "NOT confirmed" in sweep.table(rep)
+    assert "NOT confirmed" in sweep_out.table(rep)
 
 
 def test_errors_stop_the_confirming_at_once(scripted):

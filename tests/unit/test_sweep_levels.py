@@ -1,8 +1,8 @@
-"""The sweep's choice of load levels (hkgpu_tune.serve.sweep.measure), with a load generator whose
+"""The sweep's choice of load levels (hkgpu_tune.serve.measuring.sweep.measure), with a load generator whose
 p99 grows with the load in a known way; the real server runs in tests/triton/test_sweep.py."""
 from types import SimpleNamespace
 
-from hkgpu_tune.serve import sweep
+from hkgpu_tune.serve.measuring import sweep
 
 
 def test_the_ramp_halving_and_bisection_in_order(monkeypatch):

@@ -4,7 +4,8 @@ before tritonserver binds it), free now; the sweep's server a short exit timeout
 to load keeps tritonserver waiting its whole exit timeout)."""
 import socket
 
-from hkgpu_tune.serve import client, sweep
+from hkgpu_tune.serve.running import client
+from hkgpu_tune.serve.measuring import sweep
 
 
 def test_ports_are_free_and_below_the_ephemeral_range():

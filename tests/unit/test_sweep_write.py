@@ -9,7 +9,7 @@ import yaml
 
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.core.profile import parse_profile_text
-from hkgpu_tune.serve import sweep
+from hkgpu_tune.serve.measuring import sweep
 
 MODEL = """\
 name: t

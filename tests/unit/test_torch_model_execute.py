@@ -8,7 +8,7 @@ import types
 import numpy as np
 import pytest
 
-from hkgpu_tune.serve import torch_model
+from hkgpu_tune.serve.repository import torch_model
 
 
 class FakeEngine:

@@ -126,21 +126,21 @@ def test_triton_undo_order_leaves_each_load_to_the_right_change(tmp_path):
 
     loads = []
     svc = Service(None, None, None, [])
-    import hkgpu_tune.serve.launch as launch
-    orig = launch.ServiceRef.from_dict
+    from hkgpu_tune.serve.running import forms
+    orig = forms.ServiceRef.from_dict
     try:
-        launch.ServiceRef.from_dict = lambda d: loads.append(d) or (_ for _ in ()).throw(AssertionError("loaded"))
+        forms.ServiceRef.from_dict = lambda d: loads.append(d) or (_ for _ in ()).throw(AssertionError("loaded"))
         for c in [hot[2], res[0], res[2]]:
             svc._load_previous(c)   # each load left to another change: none contacts the server
     finally:
-        launch.ServiceRef.from_dict = orig
+        forms.ServiceRef.from_dict = orig
     assert loads == []
 
 
 def test_triton_undo_keeps_the_copy_an_earlier_apply_needs(tmp_path):
     """Undoing a second apply puts its own copy back and keeps the first apply's copy, which the
     first apply's entry (still in the journal) restores on rollback."""
-    from hkgpu_tune.serve import redeploy
+    from hkgpu_tune.serve.repository import redeploy
     from hkgpu_tune.subsystems.triton import Service
     repo = tmp_path / "srv" / "models"
     (repo / "m").mkdir(parents=True)

@@ -55,7 +55,7 @@ def test_keep_warm_unit_runs_the_keepwarm_module_bound_to_its_service():
     u = render_unit("hkgpu-triton", hkgpu_triton_keep_warm={"idle_s": 60, "period_s": 10})
     (cmd,) = keys(u, "ExecStart")
     argv = shlex.split(cmd)
-    assert argv[:3] == ["/opt/hkgpu-tune/bin/python", "-m", "hkgpu_tune.serve.keepwarm"]
+    assert argv[:3] == ["/opt/hkgpu-tune/bin/python", "-m", "hkgpu_tune.serve.running.keepwarm"]
     assert argv[argv.index("--idle-s") + 1] == "60" and argv[argv.index("--period-s") + 1] == "10"
     assert argv[argv.index("--profile") + 1] == "/etc/hkgpu-tune/node.yaml" and "--unit" not in argv
     assert keys(u, "BindsTo") == ["hkgpu-triton.service"] and keys(u, "Restart") == ["always"]

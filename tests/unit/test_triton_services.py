@@ -10,7 +10,7 @@ import pytest
 
 from hkgpu_tune.core.errors import ProfileError
 from hkgpu_tune.core.profile import parse_profile_text
-from hkgpu_tune.serve.config import Services, section, services
+from hkgpu_tune.serve.schema.config import Services, section, services
 
 MODEL = ("    - {name: doubler, backend: python, model_file: MODEL, max_batch_size: 8,\n"
          "       inputs: [{name: I, data_type: FP32, dims: [4]}], outputs: [{name: O, data_type: FP32, dims: [4]}]}\n")
@@ -123,7 +123,7 @@ def test_verify_reads_each_servers_cpus_against_its_gpus(model, monkeypatch):
     its GPU's local CPUs and NUMA node (the placement NVML gives; set here, as no GPU is present)."""
     import os
     from hkgpu_tune.backends import Backends
-    from hkgpu_tune.serve import launch
+    from hkgpu_tune.serve.running import forms, launch
     from hkgpu_tune.subsystems.triton import Service
     prof = parse_profile_text(text(model, TWO), "node.yaml")
     b = Backends()
@@ -133,7 +133,7 @@ def test_verify_reads_each_servers_cpus_against_its_gpus(model, monkeypatch):
         os.sched_setaffinity(proc.pid, {0})
         monkeypatch.setattr(launch, "server_pids", lambda t, backends=None: [proc.pid])
         want = {"cpus": [1], "mems": [0], "numa_node": 0, "source": "nvml cpu affinity + nvml numa node"}
-        monkeypatch.setattr(launch, "placement", lambda t, backends=None: want)
+        monkeypatch.setattr(forms, "placement", lambda t, backends=None: want)
         rows = svc._placement_results(svc.t, "hk-b.service", svc._placement(svc.t))
         got = {r.key: (r.status, r.current, r.desired) for r in rows}
         assert got == {"cpus": ("drift", "0", "1"), "mems": ("ok", "0", "0")}, got
@@ -142,7 +142,7 @@ def test_verify_reads_each_servers_cpus_against_its_gpus(model, monkeypatch):
         rows = svc._placement_results(svc.t, "hk-b.service", svc._placement(svc.t))
         assert [r.status for r in rows] == ["ok", "ok"], rows
         # no NVML: the GPU's CPUs are unknown, said so, never a silent ok
-        monkeypatch.setattr(launch, "placement", lambda t, backends=None: {
+        monkeypatch.setattr(forms, "placement", lambda t, backends=None: {
             "cpus": [0, 1], "mems": [], "numa_node": None, "source": "all CPUs: NVML library not found", "known": False})
         (row,) = svc._placement_results(svc.t, "hk-b.service", svc._placement(svc.t))
         assert row.status == "unsupported" and "NVML library not found" in row.reason and not row.required

@@ -111,8 +111,8 @@ def test_systemd_unit_serves_the_cpu_model(vm, node, stage):
     assert p.returncode != 0 and "Read-only file system" in p.stderr, p.stderr
 
     # pinned to NUMA node 1 (CPU 1, memory bound there), through the library, and the gate again
-    script = (f"from hkgpu_tune.core.profile import load_profile; from hkgpu_tune.serve.config import section; "
-              f"from hkgpu_tune.serve import launch; t = section(load_profile('{NODE_PROFILE}')); "
+    script = (f"from hkgpu_tune.core.profile import load_profile; from hkgpu_tune.serve.schema.config import section; "
+              f"from hkgpu_tune.serve.running import launch; t = section(load_profile('{NODE_PROFILE}')); "
               f"launch.stop(t); launch.start(t, place={NODE1!r}); launch.wait_ready(t, timeout={READY_S})")
     with stage("triton: the unit pinned to NUMA node 1, restart to ready"):
         p = vm.ssh(f"{PY} -c {shlex.quote(script)}", timeout=READY_S + 120)
@@ -170,8 +170,8 @@ def test_container_form_with_podman(vm, node, stage):
         "http": {"port": 8100}, "grpc": {"port": 8101}, "metrics": {"port": 8102},
         "models": [MODEL], "gate": GATE}}
     vm.ssh(f"cat > {PODMAN_PROFILE} <<'EOF'\n{yaml.safe_dump(prof, sort_keys=False)}EOF", check=True)
-    script = (f"from hkgpu_tune.core.profile import load_profile; from hkgpu_tune.serve.config import section; "
-              f"from hkgpu_tune.serve import launch, render; t = section(load_profile('{PODMAN_PROFILE}')); "
+    script = (f"from hkgpu_tune.core.profile import load_profile; from hkgpu_tune.serve.schema.config import section; "
+              f"from hkgpu_tune.serve.repository import render; from hkgpu_tune.serve.running import launch; t = section(load_profile('{PODMAN_PROFILE}')); "
               f"render.write_repository(t); launch.start(t, place={NODE1!r}); "
               f"print(round(launch.wait_ready(t, timeout={READY_S}), 1))")
     with stage("podman: the container unit started, to ready"):

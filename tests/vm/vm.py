@@ -81,7 +81,7 @@ def share(img: str) -> None:
 
 
 def free_port() -> int:
-    from hkgpu_tune.serve import client
+    from hkgpu_tune.serve.running import client
     return client.free_ports(1)[0]
 
 

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from hkgpu_tune.core.errors import ApplyError, HkError, UnsupportedError
 from hkgpu_tune.core.fsutil import atomic_write
 from hkgpu_tune.backends.command import Command
-from hkgpu_tune.serve.config import IO_TYPES, TRITON_TYPES, io_problem  # noqa: F401 (io_problem: re-exported)
-from hkgpu_tune.serve.container import version_from_banner
+from hkgpu_tune.serve.schema.config import IO_TYPES, TRITON_TYPES
+from hkgpu_tune.serve.running.container import version_from_banner
 
 TRTEXEC_MISSING = "trtexec not found (TensorRT is not installed on this host); the plan cannot be built here"
 
@@ -85,7 +85,7 @@ def runner(t, build, plan: str, cmd: Command | None = None) -> Trtexec:
     """The host's trtexec, or in the container form the serving image's (the plan must be built
     by the TensorRT that loads it)."""
     if t is not None and getattr(t, "launch", "binary") == "container":
-        from hkgpu_tune.serve import container
+        from hkgpu_tune.serve.running import container
         return Trtexec(*container.image_trtexec(t, build, plan, cmd))
     return host_trtexec(cmd)
 
@@ -93,7 +93,7 @@ def runner(t, build, plan: str, cmd: Command | None = None) -> Trtexec:
 def cannot_build(t) -> str | None:
     """Why no plan can be built for this service here (no trtexec on the host, or in the image)."""
     if t is not None and getattr(t, "launch", "binary") == "container":
-        from hkgpu_tune.serve import container
+        from hkgpu_tune.serve.running import container
         try:
             return None if container.facts(t)["tensorrt"] else f"image {t.image} has no trtexec"
         except HkError as e:
@@ -104,7 +104,8 @@ def cannot_build(t) -> str | None:
 def gpu_name(backends, index: int | str | None) -> str:
     """The GPU a plan is built for, by name; a MIG device (index 'MIG-...') adds its profile, since a
     plan built on a 1g slice is not valid on a 3g one."""
-    from hkgpu_tune.serve.devices import find_mig, is_mig
+    from hkgpu_tune.backends.mig import find as find_mig
+    from hkgpu_tune.serve.schema.devices import is_mig
     if is_mig(index):
         try:
             d = find_mig(backends.nvml, index) if backends is not None else None
@@ -251,7 +252,7 @@ def plan_status(t, model, backends=None, cmd: Command | None = None) -> list[str
     """What makes the model's built plan stale: the key's parts that changed (ONNX or calibration
     sha256, flags, GPU, driver, TensorRT) and bindings that disagree with the config. Raises
     UnsupportedError where no trtexec can run."""
-    from hkgpu_tune.serve.config import model_filename
+    from hkgpu_tune.serve.schema.config import model_filename
     plan = os.path.join(t.model_repository, model.name, str(model.version), model_filename(model))
     run = runner(t, model.build, plan, cmd)
     gpu = getattr(t, "mig", None) or t.gpu
@@ -304,7 +305,7 @@ def build_plan(build, plan: str, model, backends=None, cmd: Command | None = Non
 
 def build_model(t, model, backends=None, force: bool = False) -> BuildResult:
     """build_plan into the model repository; without trtexec a result that says it was skipped."""
-    from hkgpu_tune.serve.config import model_filename
+    from hkgpu_tune.serve.schema.config import model_filename
     plan = os.path.join(t.model_repository, model.name, str(model.version), model_filename(model))
     try:
         return build_plan(model.build, plan, model, backends, gpu=getattr(t, "mig", None) or t.gpu, force=force, t=t)

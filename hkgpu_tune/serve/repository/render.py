@@ -15,7 +15,7 @@ import shutil
 
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.core.fsutil import atomic_write, copy_pinned, ensure_trusted_dir
-from hkgpu_tune.serve.config import model_filename
+from hkgpu_tune.serve.schema.config import model_filename
 
 
 
@@ -227,7 +227,7 @@ def model_state(t, model, backends=None) -> dict:
     else:  # a built plan: current while its cache key and bindings match
         want_file = have_file or "built"
         if model.build and model.engine == "tensorrt" and have_file is not None:
-            from hkgpu_tune.serve import tensorrt
+            from hkgpu_tune.serve.repository import tensorrt
             try:
                 stale = tensorrt.plan_status(t, model, backends)
             except HkError as e:   # no trtexec (or image) to compute the key with: the bindings still
@@ -260,7 +260,7 @@ def model_state(t, model, backends=None) -> dict:
         out.update(current=f"{out['current']}/{have_w or '-'}", desired=f"{out['desired']}/{w.sha256[:12]}",
                    reason="; ".join(reasons))
     if model.backend == "hkbatch":   # its library, built from the source this package carries
-        from hkgpu_tune.serve import batch_backend
+        from hkgpu_tune.serve.repository import batch_backend
         ok, why = batch_backend.available()
         want_lib = batch_backend.source_sha()[:12]
         have_lib = batch_backend.installed_sha(d)
@@ -274,7 +274,7 @@ def model_state(t, model, backends=None) -> dict:
         if not ok and (have_lib != want_lib or batch_backend.python_library() is None):
             out["unsupported"] = f"the hkbatch backend: {why}"
     if model.build and model.engine == "tensorrt" and have_file is None:
-        from hkgpu_tune.serve import tensorrt
+        from hkgpu_tune.serve.repository import tensorrt
         why = tensorrt.cannot_build(t)
         if why:
             out["unsupported"] = why
@@ -309,11 +309,11 @@ def write_model(t, model, backends=None) -> list[str]:
             copy_pinned(w.file, wpath, w.sha256, "build.weights")
             written.append(wpath)
     if model.backend == "hkbatch":
-        from hkgpu_tune.serve import batch_backend
+        from hkgpu_tune.serve.repository import batch_backend
         if batch_backend.install(d):
             written.append(os.path.join(d, batch_backend.LIBRARY))
     if not model.model_file and model.build:
-        from hkgpu_tune.serve import tensorrt
+        from hkgpu_tune.serve.repository import tensorrt
         if tensorrt.build_plan(model.build, target, model, backends, gpu=getattr(t, "mig", None) or t.gpu, t=t).built:
             written.append(target)
         bad = tensorrt.check_plan(model, target) if model.engine == "tensorrt" else []

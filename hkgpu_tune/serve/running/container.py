@@ -63,7 +63,7 @@ def forget() -> None:
 def image_trtexec(t, build, plan: str, cmd: Command | None = None):
     """trtexec in the serving image, with the ONNX, calibration and plan directories mounted at the
     same paths and the service's GPUs: (argv up to trtexec's flags, TensorRT version, where)."""
-    from hkgpu_tune.serve.forms import visible_gpus
+    from hkgpu_tune.serve.running.forms import visible_gpus
     cmd = cmd or Command()
     f = facts(t, cmd)
     if not f["tensorrt"]:

@@ -5,7 +5,7 @@ for clients' traffic, and nothing is sent while clients keep the model busy. One
 connection is kept open, so the path a client uses stays long-lived as well.
 
 Run beside the server (a side process of its unit, or a unit of its own):
-    python3 -m hkgpu_tune.serve.keepwarm --profile /etc/hkgpu-tune/node.yaml --idle-s 30 --period-s 5
+    python3 -m hkgpu_tune.serve.running.keepwarm --profile /etc/hkgpu-tune/node.yaml --idle-s 30 --period-s 5
 
 >>> k = KeepWarm(send=lambda: None, served=lambda: 0.0, idle_s=10, period_s=5)
 >>> [k.step(now) for now in (0, 9, 10, 12, 15)]
@@ -53,7 +53,7 @@ class KeepWarm:
 
 def for_model(t, model, idle_s: float, period_s: float, start: float) -> tuple[KeepWarm, Callable[[], None]]:
     """A KeepWarm for one model of a triton profile section, and the function that closes it."""
-    from hkgpu_tune.serve import client
+    from hkgpu_tune.serve.running import client
     c = client.Client(t.http.host, t.http.port, timeout=10)
     req = client.request_for(model)
     served = lambda: client.model_counts(t.metrics.host, t.metrics.port, model.name)["nv_inference_request_success"]
@@ -61,7 +61,7 @@ def for_model(t, model, idle_s: float, period_s: float, start: float) -> tuple[K
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m hkgpu_tune.serve.keepwarm", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python3 -m hkgpu_tune.serve.running.keepwarm", description=__doc__.split("\n\n")[0])
     ap.add_argument("--profile", help="the node's profile (its triton section)")
     ap.add_argument("--unit", help="the service, where the profile has several (triton.services)")
     ap.add_argument("--model", help="the model to keep warm (default: the profile's first)")
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     from hkgpu_tune.core.profile import load_chosen
     try:
-        from hkgpu_tune.serve.config import section
+        from hkgpu_tune.serve.schema.config import section
         t = section(load_chosen(args.profile), args.unit)
         if t is None or not t.models:
             raise HkError("the profile has no triton section with a model")

@@ -32,7 +32,7 @@ TRUSTED_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/
 
 
 # what a respawn record may hold: the variables server_env() sets, nothing else
-from hkgpu_tune.serve.shapes import RECORD_ENV  # noqa: E402  (the variables server_env() sets)
+from hkgpu_tune.serve.schema.shapes import RECORD_ENV  # noqa: E402  (the variables server_env() sets)
 _PATH_ENV = {"LD_LIBRARY_PATH", "PYTHONPATH", "HKGPU_PYTHON_LIBRARY", "HKGPU_PYTHON_HOME", "HKGPU_PYTHON_EXECUTABLE"}
 
 
@@ -41,7 +41,7 @@ def check_record(rec) -> None:
     itself, or a container runtime's `run`), only the variables apply sets, a user by name; and,
     before anything runs, every program and library path in it trusted (fsutil's one rule).
     HkError otherwise: rollback never runs an argv it cannot tie to what apply started."""
-    from hkgpu_tune.serve.config import USER_RE
+    from hkgpu_tune.serve.schema.config import USER_RE
     if not isinstance(rec, dict) or not set(rec) <= {"argv", "env", "user", "launch", "placement"}:
         raise HkError("triton: the saved command is not a record of the server apply started")
     argv, env, form = rec.get("argv"), rec.get("env") or {}, rec.get("launch") or "binary"
@@ -58,7 +58,7 @@ def check_record(rec) -> None:
     if user is not None and not (isinstance(user, str) and re.fullmatch(USER_RE, user)):
         raise HkError(f"triton: the saved command's user {user!r} is not a user name")
     if form == "container":   # re-read against the renderer's own shape: no option it never writes
-        from hkgpu_tune.serve.shapes import check_container_argv
+        from hkgpu_tune.serve.schema.shapes import check_container_argv
         check_container_argv(argv)
     if not isinstance(rec.get("placement") or {}, dict):
         raise HkError("triton: the saved command's placement is not a mapping")
@@ -74,9 +74,9 @@ def check_record_paths(rec: dict) -> None:
 
 def check_unit_text(text) -> None:
     """A unit's text read back from the state file (rollback writes it into /etc/systemd/system,
-    where root runs it): only what the tool renders (serve.shapes: its directives, variables and
+    where root runs it): only what the tool renders (serve.schema.shapes: its directives, variables and
     command shapes), and every program and library path in it trusted. HkError otherwise."""
-    from hkgpu_tune.serve import shapes
+    from hkgpu_tune.serve.schema import shapes
     for argv in shapes.check_unit_text(text):
         prog = argv[0]
         if not os.path.isabs(prog):

@@ -23,8 +23,8 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from hkgpu_tune.core.errors import ApplyError, HkError
-from hkgpu_tune.serve import client, loadgen
-from hkgpu_tune.serve.loadgen import percentile  # noqa: F401  (the gate's nearest-rank percentile)
+from hkgpu_tune.serve.running import client
+from hkgpu_tune.serve.measuring import loadgen
 
 # the load runs this long at its in-flight count before its requests count: on the H200 a gate of
 # 2000 requests (a quarter of a second) that counted its first ones measured p99 30 ms where the

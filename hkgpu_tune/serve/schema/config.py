@@ -30,9 +30,9 @@ import shutil
 from dataclasses import dataclass, field, replace
 
 from hkgpu_tune.core.errors import HkError
-from hkgpu_tune.serve.devices import gpu_set, is_mig, remap_gpus
-from hkgpu_tune.serve.connections import OPTIONS as CONNECTION_OPTIONS, Connections, parse as parse_connections
-from hkgpu_tune.serve.gate_spec import Gate, parse as _gate  # noqa: F401  (config.Gate: the gate's settings)
+from hkgpu_tune.serve.schema.devices import gpu_set, is_mig, remap_gpus
+from hkgpu_tune.serve.schema.connections import OPTIONS as CONNECTION_OPTIONS, Connections, parse as parse_connections
+from hkgpu_tune.serve.schema.gate_spec import Gate, parse as _gate
 
 NAME_RE = r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}"
 USER_RE = r"[a-z_][a-z0-9_-]{0,31}"
@@ -150,7 +150,7 @@ class Triton:
     user: str | None = None
     gpu: int | None = 0                    # the first GPU of gpus (placement, MPS, the plan's key)
     gpus: tuple[int | str, ...] | None = (0,)   # the GPUs the server sees (None: all), by NVML index,
-                                               # or one MIG device UUID (serve/devices.py)
+                                               # or one MIG device UUID (serve/schema/devices.py)
     http: Endpoint = Endpoint(8000)
     grpc: Endpoint = Endpoint(8001)
     metrics: Endpoint = Endpoint(8002)
@@ -158,7 +158,7 @@ class Triton:
     python_stub: str | None = None         # 3.11: which Python backend stub of the wheel (default: this Python)
     extra_args: tuple[str, ...] = ()
     gate: Gate = field(default_factory=Gate)
-    connections: Connections = field(default_factory=Connections)   # serve/connections.py
+    connections: Connections = field(default_factory=Connections)   # serve/schema/connections.py
     profile_dir: str = "."
     line: int = 0
     mps: MpsDirs | None = None             # set by section() when the profile runs MPS
@@ -280,7 +280,8 @@ def _weights(n, base: str) -> Weights:
     return w
 
 
-TORCH_MODEL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "torch_model.py")
+# the model file the torch engine copies (serve/repository/torch_model.py: read by path, never imported here)
+TORCH_MODEL = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "repository", "torch_model.py")
 
 
 def choose_engine(build: Build, trtexec: str | None, container: bool = False) -> tuple[str, str]:
@@ -305,7 +306,7 @@ CONTAINER_NO_HKBATCH = "the container form runs the image's Python; hkbatch embe
 
 def choose_backend(build: Build, container: bool = False) -> tuple[str, str]:
     """(hkbatch | python, why) for the torch engine: hkbatch where it can be built and embed Python."""
-    from hkgpu_tune.serve import batch_backend
+    from hkgpu_tune.serve.repository import batch_backend
     if build.backend != "auto":
         return build.backend, f"asked for (backend: {build.backend})"
     if container:
@@ -419,7 +420,7 @@ def _model(item, base: str, container: bool = False, visible=(0,)) -> Model:
 
 
 class Services(tuple):
-    """Several Triton services of one profile (triton.services, parsed in serve/services.py), in profile order."""
+    """Several Triton services of one profile (triton.services, parsed in serve/schema/services.py), in profile order."""
 
 
 def parse_one(node, m: dict, base: str, defaults: dict | None = None) -> Triton:

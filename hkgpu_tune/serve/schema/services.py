@@ -1,10 +1,10 @@
 """The `triton:` section as the profile reader takes it: one service, or with `services:` several
-(each item names its unit and the keys of the section it changes; serve.config parses each)."""
+(each item names its unit and the keys of the section it changes; serve.schema.config parses each)."""
 from __future__ import annotations
 
 import os
 
-from hkgpu_tune.serve.config import TOP_KEYS, UNIT_RE, Services, Triton, parse_one
+from hkgpu_tune.serve.schema.config import TOP_KEYS, UNIT_RE, Services, Triton, parse_one
 
 
 def parse_profile(node) -> "Triton | Services":

@@ -15,16 +15,11 @@ import time
 
 from hkgpu_tune.core.errors import HkError, UnsupportedError
 from hkgpu_tune.core.fsutil import atomic_write, check_trusted
-from hkgpu_tune.serve import client, records
-from hkgpu_tune.serve.forms import (  # noqa: F401 (re-exported: callers use launch.X)
-    _b, backend_directory, command, container_argv, CONTAINER_REPO, CONTROL_MODE, cpu_list, DEFAULT_USER,
-    HARDENING, install_unit, LOG_FILE, METRICS_CONFIG, mps_env, PID_FILE, placement, prepare_backends,
-    pytriton_root, render_unit, server_args, server_binary, server_env, ServiceRef, STOP_GRACE_S, STOP_ONLY,
-    supervisor, unit_name, unit_needs_restart, unit_state, unit_stop_s, visible_gpus,)
+from hkgpu_tune.serve.running import client, forms, records
 
 # ---------------------------------------------------------------- start / status / stop
 def _state_path(t) -> str:
-    return os.path.join(t.run_dir, PID_FILE)
+    return os.path.join(t.run_dir, forms.PID_FILE)
 
 
 def _load_state(t) -> dict | None:
@@ -98,18 +93,163 @@ def _script(path: str) -> bool:
         return False
 
 
+class Server:
+    """A service as it runs, chosen once from its supervisor (server()): a systemd unit, or a process
+    this tool supervises (a tritonserver binary or a container runtime's `run`, as its record says).
+    `t` is the profile's section or a ServiceRef (rollback has no profile)."""
+    name = ""       # the supervisor: systemd | process
+    reaps = False   # whether the server is our child, whose exit status we read
+
+    def __init__(self, t, backends=None):
+        self.t, self.backends = t, backends
+
+    def status(self) -> dict:
+        """{'active': bool, 'state': str, 'target': str, 'pid': int|None, 'reason': str}"""
+        raise NotImplementedError
+
+    def explicit(self) -> bool:
+        """Whether the running server takes loads through the repository API (explicit model control)."""
+        raise NotImplementedError
+
+    def main_pid(self) -> int | None:
+        raise NotImplementedError
+
+    def run(self, place: dict) -> dict:
+        """Start the checked service with the placement; what to add to its status."""
+        raise NotImplementedError
+
+    def stop(self, timeout: float) -> dict:
+        raise NotImplementedError
+
+
+class Unit(Server):
+    """The systemd unit hkgpu-tune renders: systemd starts, restarts and stops it."""
+    name = "systemd"
+
+    def status(self) -> dict:
+        name = forms.unit_name(self.t)
+        active = forms._b(self.backends).systemd.is_active(name)
+        return {"active": active, "state": "active" if active else "inactive", "target": name, "pid": None,
+                "reason": "" if active else f"systemctl is-active {name}: not active"}
+
+    def explicit(self) -> bool:
+        return True   # a unit is as rendered once apply has installed it
+
+    def main_pid(self) -> int | None:
+        r = forms._b(self.backends).cmd.run(["systemctl", "show", "--property=MainPID", "--value",
+                                             forms.unit_name(self.t)])
+        return int(r.out.strip() or 0) if r.rc == 0 and r.out.strip().isdigit() else None
+
+    def run(self, place: dict) -> dict:
+        forms.install_unit(self.t, self.backends, place)
+        forms._b(self.backends).systemd.enable(forms.unit_name(self.t), now=True)
+        return {}
+
+    def stop(self, timeout: float) -> dict:
+        b, name = forms._b(self.backends), forms.unit_name(self.t)
+        if not b.systemd.is_active(name):
+            return {"stopped": False, "how": "was not running", "left": []}
+        t0 = time.monotonic()
+        # KillMode=control-group: the stubs go with the server; the unit's TimeoutStopSec ends it
+        b.systemd.stop(name, timeout=forms.unit_stop_s(timeout) + 15)   # systemd's own kill ends it before
+        rep = {"stopped": not b.systemd.is_active(name), "how": "systemctl stop", "left": [],
+               "seconds": round(time.monotonic() - t0, 2)}
+        return rep | _slow_stop(rep, timeout, f"journalctl -u {name}")
+
+
+class Process(Server):
+    """A process in its own session that this tool started and keeps a record of (no systemd)."""
+    name = "process"
+    reaps = True
+
+    def status(self) -> dict:
+        st = _load_state(self.t)
+        if _alive(st):
+            return {"active": True, "state": "running", "target": f"process {st['pid']}", "pid": st["pid"],
+                    "reason": f"started {time.strftime('%H:%M:%S', time.localtime(st['started']))}, no systemd"}
+        why = "not started" if st is None else f"process {st['pid']} is gone (see {st.get('log')})"
+        return {"active": False, "state": "stopped", "target": self.t.unit, "pid": None, "reason": why}
+
+    def explicit(self) -> bool:
+        st = process_record(self.t)   # a process says so in its argv
+        return bool(st) and f"--model-control-mode={forms.CONTROL_MODE}" in st["argv"]
+
+    def main_pid(self) -> int | None:
+        st = process_record(self.t)
+        if not st:
+            return None
+        pid = st["pid"]
+        if st.get("launch") == "container":  # the server runs under the runtime, not under its client
+            r = forms._b(self.backends).cmd.run([self.t.runtime, "inspect", "--format", "{{.State.Pid}}",
+                                                 self.t.unit])
+            pid = int(r.out.strip()) if r.rc == 0 and r.out.strip().isdigit() else pid
+        return pid
+
+    def run(self, place: dict) -> dict:
+        t = self.t
+        argv = forms.command(t, place, self.backends)     # a MIG position: its UUID now
+        if t.launch == "container":
+            try:
+                argv[0] = records.runtime_path(t.runtime)
+            except HkError:
+                raise UnsupportedError(f"triton: container runtime {t.runtime} not found") from None
+        added = forms.server_env(t, self.backends) if t.launch == "binary" else {}
+        user = service_user(t, self.name) if t.launch == "binary" else None
+        _spawn(forms.ServiceRef.of(t, self.backends), argv, added, user, t.launch, place)
+        return {"argv": argv, "log": os.path.join(t.run_dir, forms.LOG_FILE)}
+
+    def stop(self, timeout: float) -> dict:
+        t = self.t
+        st = _load_state(t)
+        if not _alive(st):
+            _reap(t)
+            _clear_state(t)
+            return {"stopped": False, "how": "was not running", "left": []}
+        pid = st["pid"]
+        t0 = time.monotonic()
+        if st.get("launch") == "container":
+            from hkgpu_tune.backends.command import Command
+            Command().run([t.runtime, "stop", "--time", str(int(timeout) + forms.STOP_GRACE_S), t.unit],
+                          timeout=timeout + 2 * forms.STOP_GRACE_S)
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        how = "SIGTERM"
+        grace = forms.STOP_GRACE_S if timeout > 0 else 0   # timeout 0: kill now
+        while _group_members(pid) and time.monotonic() - t0 < timeout + grace:
+            _reap(t)
+            time.sleep(0.05)
+        left = _group_members(pid)
+        if left:
+            how = "SIGKILL after timeout"
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            deadline = time.monotonic() + 5
+            while _group_members(pid) and time.monotonic() < deadline:
+                _reap(t)
+                time.sleep(0.05)
+        if pid in _CHILDREN:
+            _CHILDREN.pop(pid).wait(timeout=5)
+        left = _group_members(pid)
+        _clear_state(t)
+        rep = {"stopped": not left, "how": how, "seconds": round(time.monotonic() - t0, 2), "left": left}
+        return rep | _slow_stop(rep, timeout, st.get("log") or "its log")
+
+
+SERVERS = {"systemd": Unit, "process": Process}
+
+
+def server(t, backends=None) -> Server:
+    """The service's Server, by its supervisor (resolved: systemd where it manages services)."""
+    return SERVERS[forms.supervisor(t, backends)](t, backends)
+
+
 def status(t, backends=None) -> dict:
     """{'active': bool, 'state': str, 'target': str, 'pid': int|None, 'reason': str}"""
-    if supervisor(t, backends) == "systemd":
-        active = _b(backends).systemd.is_active(unit_name(t))
-        return {"active": active, "state": "active" if active else "inactive", "target": unit_name(t), "pid": None,
-                "reason": "" if active else f"systemctl is-active {unit_name(t)}: not active"}
-    st = _load_state(t)
-    if _alive(st):
-        return {"active": True, "state": "running", "target": f"process {st['pid']}", "pid": st["pid"],
-                "reason": f"started {time.strftime('%H:%M:%S', time.localtime(st['started']))}, no systemd"}
-    why = "not started" if st is None else f"process {st['pid']} is gone (see {st.get('log')})"
-    return {"active": False, "state": "stopped", "target": t.unit, "pid": None, "reason": why}
+    return server(t, backends).status()
 
 
 def process_record(t) -> dict | None:
@@ -120,33 +260,20 @@ def process_record(t) -> dict | None:
 
 def launched_as(t, backends=None) -> dict:
     """What a process started now would get: argv and the environment added to ours."""
-    return {"argv": command(t, backends=backends), "env": server_env(t, backends) if t.launch == "binary" else {}}
+    return {"argv": forms.command(t, backends=backends),
+            "env": forms.server_env(t, backends) if t.launch == "binary" else {}}
 
 
 def explicit(t, backends=None) -> bool:
     """Whether the running server takes loads through the repository API (explicit model control).
     A unit is as rendered once apply has installed it; a process says so in its argv."""
-    if supervisor(t, backends) == "systemd":
-        return True
-    st = process_record(t)
-    return bool(st) and f"--model-control-mode={CONTROL_MODE}" in st["argv"]
+    return server(t, backends).explicit()
 
 
 def server_pids(t, backends=None) -> list[int]:
     """The server's process and its descendants (the Python backend stubs); [] when not running."""
     import psutil
-    ref = ServiceRef.of(t, backends)
-    pid = None
-    if ref.supervisor == "systemd":
-        r = _b(backends).cmd.run(["systemctl", "show", "--property=MainPID", "--value", unit_name(ref)])
-        pid = int(r.out.strip() or 0) if r.rc == 0 and r.out.strip().isdigit() else None
-    else:
-        st = process_record(ref)
-        if st:
-            pid = st["pid"]
-            if st.get("launch") == "container":  # the server runs under the runtime, not under its client
-                r = _b(backends).cmd.run([ref.runtime, "inspect", "--format", "{{.State.Pid}}", ref.unit])
-                pid = int(r.out.strip()) if r.rc == 0 and r.out.strip().isdigit() else pid
+    pid = server(t, backends).main_pid()
     if not pid:
         return []
     try:
@@ -201,9 +328,9 @@ def check_user_access(t, user: str) -> None:
     blocks (e.g. a repository inside the 0700 state directory)."""
     uid, gid, _ = _user_ids(user)
     gids = {gid} | {g.gr_gid for g in grp.getgrall() if user in g.gr_mem}
-    paths = [t.model_repository, backend_directory(t), server_binary(t)]
+    paths = [t.model_repository, forms.backend_directory(t), forms.server_binary(t)]
     for k in ("LD_LIBRARY_PATH", "PYTHONPATH", "HKGPU_PYTHON_LIBRARY", "HKGPU_PYTHON_HOME"):
-        paths += [p for p in server_env(t).get(k, "").split(":") if p]
+        paths += [p for p in forms.server_env(t).get(k, "").split(":") if p]
     for path in paths:
         path = os.path.abspath(path)
         parts = [p for p in path.split("/") if p]
@@ -218,7 +345,7 @@ def check_user_access(t, user: str) -> None:
             if not _may(st, uid, gids, bits):
                 owner = f"{pwd.getpwuid(st.st_uid).pw_name if _known_uid(st.st_uid) else st.st_uid}"
                 hint = (", e.g. triton.model_repository: /var/lib/hkgpu-triton/models"
-                        if path in (os.path.abspath(t.model_repository), os.path.abspath(backend_directory(t))) else "")
+                        if path in (os.path.abspath(t.model_repository), os.path.abspath(forms.backend_directory(t))) else "")
                 raise HkError(f"triton: the server runs as {user}, who cannot "
                               f"{'read' if last else 'reach'} {path}: {cur} is mode {st.st_mode & 0o7777:04o} "
                               f"owned by {owner} (put it where {user} can read it{hint}; nothing was started)")
@@ -234,42 +361,29 @@ def _known_uid(uid: int) -> bool:
 
 def start(t, backends=None, place: dict | None = None) -> dict:
     """Start the service (no-op if it runs). Returns status() plus the argv and log path."""
-    backends = _b(backends)
+    backends = forms._b(backends)
     cur = status(t, backends)
     if cur["active"]:
         return cur
-    from hkgpu_tune.serve.render import check_models
-    from hkgpu_tune.serve import render
+    from hkgpu_tune.serve.repository.render import check_models
+    from hkgpu_tune.serve.repository import render
     check_models(t)
     if t.launch == "binary":
-        server_binary(t)
-        prepare_backends(t)
+        forms.server_binary(t)
+        forms.prepare_backends(t)
     else:   # the image holds what each model needs: one line naming the model, before anything runs
-        from hkgpu_tune.serve import container
+        from hkgpu_tune.serve.running import container
         container.check_image(t, backends.cmd)
     _check_repository(t)
     render.repository_state(t, backends)  # re-checks config.pbtxt against the schema
-    place = place if place is not None else placement(t, backends)
-    sup = supervisor(t, backends)
-    user = service_user(t, sup)
+    place = place if place is not None else forms.placement(t, backends)
+    srv = server(t, backends)
+    user = service_user(t, srv.name)
     if t.launch == "binary" and user and user != "root":
         check_user_access(t, user)
-    if sup == "systemd":
-        check_ports(t)
-        install_unit(t, backends, place)
-        _b(backends).systemd.enable(unit_name(t), now=True)
-        return status(t, backends)
     check_ports(t)
-    argv = command(t, place, backends)     # a MIG position: its UUID now
-    if t.launch == "container":
-        try:
-            argv[0] = records.runtime_path(t.runtime)
-        except HkError:
-            raise UnsupportedError(f"triton: container runtime {t.runtime} not found") from None
-    added = server_env(t, backends) if t.launch == "binary" else {}
-    user = user if t.launch == "binary" else None
-    _spawn(ServiceRef.of(t, backends), argv, added, user, t.launch, place)
-    return status(t, backends) | {"argv": argv, "log": os.path.join(t.run_dir, LOG_FILE)}
+    started = srv.run(place)
+    return srv.status() | started
 
 
 def service_user(t, sup: str) -> str | None:
@@ -277,7 +391,7 @@ def service_user(t, sup: str) -> str | None:
     DEFAULT_USER (root only when the profile names root); else the user running the tool."""
     if t.user:
         return t.user
-    return DEFAULT_USER if sup == "systemd" or os.geteuid() == 0 else None
+    return forms.DEFAULT_USER if sup == "systemd" or os.geteuid() == 0 else None
 
 
 def respawn_record(rec: dict) -> dict:
@@ -285,7 +399,7 @@ def respawn_record(rec: dict) -> dict:
     return {k: rec.get(k) for k in ("argv", "env", "user", "launch", "placement")}
 
 
-def respawn(ref: ServiceRef, record: dict, backends=None) -> None:
+def respawn(ref: forms.ServiceRef, record: dict, backends=None) -> None:
     """Stop the supervised process and start the one described by `record` (respawn_record), once
     the record passes check_record and its paths the trust rule."""
     records.check_record(record)
@@ -295,15 +409,15 @@ def respawn(ref: ServiceRef, record: dict, backends=None) -> None:
            record.get("launch") or "binary", record.get("placement") or {})
 
 
-def _spawn(ref: ServiceRef, argv: list[str], added: dict, user: str | None, form: str, place: dict) -> int:
+def _spawn(ref: forms.ServiceRef, argv: list[str], added: dict, user: str | None, form: str, place: dict) -> int:
     """The server as a process in its own session (as `user` when root starts it), pinned to the
     placement's CPUs; its record (pid, start time, argv, env added) in the run directory."""
     os.makedirs(ref.run_dir, mode=0o755, exist_ok=True)
     check_trusted(os.path.abspath(ref.run_dir), "Triton run directory")
     check_trusted(argv[0], "Triton server program")
     if form == "binary" and not user and os.geteuid() == 0:
-        user = DEFAULT_USER   # root never starts the server as root unless the profile names root
-    log = os.path.join(ref.run_dir, LOG_FILE)
+        user = forms.DEFAULT_USER   # root never starts the server as root unless the profile names root
+    log = os.path.join(ref.run_dir, forms.LOG_FILE)
     env = dict(os.environ)
     env.update(added)
     kw = {}
@@ -344,7 +458,7 @@ _CHILDREN: dict[int, subprocess.Popen] = {}  # started by this process: reaped o
 
 def log_tail(t, lines: int = 15) -> str:
     try:
-        with open(os.path.join(t.run_dir, LOG_FILE), "rb") as f:
+        with open(os.path.join(t.run_dir, forms.LOG_FILE), "rb") as f:
             f.seek(0, 2)
             f.seek(max(0, f.tell() - 16384))
             text = f.read().decode(errors="replace")
@@ -361,7 +475,7 @@ def wait_ready(t, backends=None, timeout: float | None = None) -> float:
     With --strict-readiness the server is ready only when every model is. Raises with the log tail
     when the process exits first."""
     timeout = t.gate.ready_timeout_s if timeout is None else timeout
-    backends = _b(backends)
+    backends = forms._b(backends)
     t0 = time.monotonic()
     c = client.Client(t.http.host, t.http.port, timeout=2)
     delay = 0.02
@@ -371,7 +485,7 @@ def wait_ready(t, backends=None, timeout: float | None = None) -> float:
             if c.ready() and all(c.model_ready(m.name) for m in t.models) and not endpoints_down(t):
                 return time.monotonic() - t0
             st = status(t, backends)
-            if not st["active"] and supervisor(t, backends) == "process":
+            if not st["active"] and server(t, backends).reaps:
                 # our child seen not alive: it may be mid-exit (its /proc entries going away before it
                 # is a zombie); its exit status says how it ended, or that it is still running
                 how = _reap(t, wait_s=5.0)
@@ -454,54 +568,8 @@ def stop(t, backends=None, timeout: float | None = None) -> dict:
 
     `timeout` is the server's own --exit-timeout-secs: tritonserver waits that long for open HTTP
     connections to close and models to unload, then ends itself; the SIGKILL comes STOP_GRACE_S later."""
-    timeout = ServiceRef.of(t, backends).stop_timeout_s if timeout is None else timeout
-    if supervisor(t, backends) == "systemd":
-        b = _b(backends)
-        if not b.systemd.is_active(unit_name(t)):
-            return {"stopped": False, "how": "was not running", "left": []}
-        t0 = time.monotonic()
-        # KillMode=control-group: the stubs go with the server; the unit's TimeoutStopSec ends it
-        b.systemd.stop(unit_name(t), timeout=unit_stop_s(timeout) + 15)   # systemd's own kill ends it before
-        rep = {"stopped": not b.systemd.is_active(unit_name(t)), "how": "systemctl stop", "left": [],
-               "seconds": round(time.monotonic() - t0, 2)}
-        return rep | _slow_stop(rep, timeout, f"journalctl -u {unit_name(t)}")
-    st = _load_state(t)
-    if not _alive(st):
-        _reap(t)
-        _clear_state(t)
-        return {"stopped": False, "how": "was not running", "left": []}
-    pid = st["pid"]
-    t0 = time.monotonic()
-    if st.get("launch") == "container":
-        from hkgpu_tune.backends.command import Command
-        Command().run([t.runtime, "stop", "--time", str(int(timeout) + STOP_GRACE_S), t.unit],
-                      timeout=timeout + 2 * STOP_GRACE_S)
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    how = "SIGTERM"
-    grace = STOP_GRACE_S if timeout > 0 else 0   # timeout 0: kill now
-    while _group_members(pid) and time.monotonic() - t0 < timeout + grace:
-        _reap(t)
-        time.sleep(0.05)
-    left = _group_members(pid)
-    if left:
-        how = "SIGKILL after timeout"
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        deadline = time.monotonic() + 5
-        while _group_members(pid) and time.monotonic() < deadline:
-            _reap(t)
-            time.sleep(0.05)
-    if pid in _CHILDREN:
-        _CHILDREN.pop(pid).wait(timeout=5)
-    left = _group_members(pid)
-    _clear_state(t)
-    rep = {"stopped": not left, "how": how, "seconds": round(time.monotonic() - t0, 2), "left": left}
-    return rep | _slow_stop(rep, timeout, st.get("log") or "its log")
+    timeout = forms.ServiceRef.of(t, backends).stop_timeout_s if timeout is None else timeout
+    return server(t, backends).stop(timeout)
 
 
 def _slow_stop(rep: dict, timeout: float, log: str) -> dict:
@@ -511,7 +579,7 @@ def _slow_stop(rep: dict, timeout: float, log: str) -> dict:
         return {}
     if rep["how"].startswith("SIGKILL"):
         return {"note": f"the server did not end within its exit timeout ({timeout:.0f} s) and "
-                        f"{STOP_GRACE_S} s more, and was killed (see {log})"}
+                        f"{forms.STOP_GRACE_S} s more, and was killed (see {log})"}
     return {"note": f"the server used its whole exit timeout ({timeout:.0f} s): a client kept an HTTP "
                     f"connection open or a model did not unload (see {log})"}
 

@@ -5,7 +5,7 @@
       warmup_requests: 5
       load: {requests: 200, concurrency: 8, processes: 4, protocol: grpc}   # protocol: http (default) | grpc
       p99_ms: 50
-      live: {min_req_s: 5, window_s: 5, canary: 4}   # a busy node: judged by its live traffic (serve/gate.py)
+      live: {min_req_s: 5, window_s: 5, canary: 4}   # a busy node: judged by its live traffic (serve/measuring/gate.py)
 """
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def parse(n) -> Gate:
             kw["processes"] = lm["processes"].integer(1, 256)
         if "protocol" in lm:
             kw["protocol"] = lm["protocol"].choice(("http", "grpc"))
-    if "live" in m:   # a node already serving: judge by what its traffic gets (serve/gate.py)
+    if "live" in m:   # a node already serving: judge by what its traffic gets (serve/measuring/gate.py)
         lv = m["live"].mapping(("min_req_s", "window_s", "canary"))
         if "min_req_s" in lv:
             kw["live_min_req_s"] = float(lv["min_req_s"].integer(1, 10_000_000))

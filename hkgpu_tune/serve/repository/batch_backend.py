@@ -190,7 +190,7 @@ def install(model_dir: str) -> bool:
 
 
 def main() -> int:
-    """python -m hkgpu_tune.serve.batch_backend DIR: build DIR/libtriton_hkbatch.so (for PREBUILT)."""
+    """python -m hkgpu_tune.serve.repository.batch_backend DIR: build DIR/libtriton_hkbatch.so (for PREBUILT)."""
     out = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(PREBUILT)
     install(out)
     with open(os.path.join(out, LIBRARY + ".sha256")) as f:

@@ -88,7 +88,7 @@ def percentile(values, q: float) -> float:
 
 def _infer_header(spec: LoadSpec, region: str | None) -> bytes:
     if spec.request:
-        from hkgpu_tune.serve import client
+        from hkgpu_tune.serve.running import client
         return client.infer_header(spec.request, [spec.output_name] if spec.output_name else ())
     params = ({"shared_memory_region": region, "shared_memory_byte_size": spec.nbytes} if region
               else {"binary_data_size": spec.nbytes})
@@ -349,7 +349,7 @@ def _worker(spec_d: dict, idx: int, start_at: float, region: str | None, q, coun
 def _triton_stats(spec: LoadSpec) -> dict | None:
     if not spec.metrics_port:
         return None
-    from hkgpu_tune.serve import client
+    from hkgpu_tune.serve.running import client
     want = ("nv_inference_request_success", "nv_inference_request_failure", "nv_inference_count", "nv_inference_exec_count",
             "nv_inference_queue_duration_us", "nv_inference_compute_infer_duration_us",
             "nv_inference_compute_input_duration_us", "nv_inference_compute_output_duration_us",
@@ -390,7 +390,7 @@ class SharedInput:
 
     def __init__(self, spec: LoadSpec):
         from multiprocessing import shared_memory
-        from hkgpu_tune.serve import client
+        from hkgpu_tune.serve.running import client
         self.name = f"hkgpu-{uuid.uuid4().hex[:12]}"
         self.shm = shared_memory.SharedMemory(name=self.name, create=True, size=spec.nbytes)
         self.c = client.Client(spec.host, spec.port, timeout=10)

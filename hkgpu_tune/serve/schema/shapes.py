@@ -1,6 +1,6 @@
 """The shapes of what the tool itself renders for the Triton service, checked on what a state file
 hands back to root: a container command (rollback respawns it) and a unit text (rollback writes it
-into /etc/systemd/system). Anything the renderer (serve.forms) cannot produce is refused: no option,
+into /etc/systemd/system). Anything the renderer (serve.running.forms) cannot produce is refused: no option,
 directive or variable beyond the ones it writes, whatever programs they name.
 
 >>> check_container_argv(["/usr/bin/podman", "run", "--privileged", "-v", "/:/host", "img"])

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 
-from hkgpu_tune.backends.mig import POS_RE, find as find_mig, locate, parse_pos  # noqa: F401 (callers use devices.*)
+from hkgpu_tune.backends.mig import POS_RE, locate, parse_pos
 
 MIG_RE = r"MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
 MIG_WHAT = ("a GPU index or a MIG device UUID (MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, as nvidia-smi -L prints it) "

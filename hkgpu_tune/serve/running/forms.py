@@ -16,11 +16,11 @@ from dataclasses import asdict, dataclass
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.core.fsutil import atomic_write
 from hkgpu_tune.core import unitfile
-from hkgpu_tune.serve import client, records
+from hkgpu_tune.serve.running import client, records
 
 PID_FILE = "tritonserver.json"
 LOG_FILE = "tritonserver.log"
-from hkgpu_tune.serve.shapes import CONTAINER_REPO, HARDENING  # noqa: F401  (the renderer's shape, checked there)
+from hkgpu_tune.serve.schema.shapes import CONTAINER_REPO, HARDENING  # the renderer's shape, checked there
 CONTROL_MODE = "explicit"
 STOP_GRACE_S = 10  # past the server's own exit timeout before it is killed
 # latency summaries for p50/p95/p99 (nv_inference_request_summary_us{quantile}) next to the default
@@ -94,7 +94,7 @@ def server_env(t, backends=None, resolve: bool = True) -> dict[str, str]:
         env["LD_LIBRARY_PATH"] = ":".join(p for p in libs if p)
         env["PYTHONPATH"] = sysconfig.get_paths()["purelib"]
     if any(m.backend == "hkbatch" for m in t.models):   # it embeds this Python in the server
-        from hkgpu_tune.serve import batch_backend
+        from hkgpu_tune.serve.repository import batch_backend
         for k, v in batch_backend.server_env().items():
             env[k] = ":".join(dict.fromkeys([*env[k].split(":"), *v.split(":")])) if k == "PYTHONPATH" and k in env else v
     if visible_gpus(t, resolve=False):   # NVML's numbering (PCI bus order), which the profile uses
@@ -106,7 +106,7 @@ def server_env(t, backends=None, resolve: bool = True) -> dict[str, str]:
 
 def mig_position(t):
     """The MIG device the service names by position (mig:GPU/SLOT), else None."""
-    from hkgpu_tune.serve.devices import is_mig_pos
+    from hkgpu_tune.serve.schema.devices import is_mig_pos
     m = getattr(t, "mig", None)
     return m if m and is_mig_pos(m) else None
 
@@ -119,7 +119,7 @@ def visible_gpus(t, host: bool = False, backends=None, resolve: bool = True) -> 
     named by position is resolved through NVML (resolve=False: the position as written)."""
     pos = mig_position(t)
     if pos and resolve:
-        from hkgpu_tune.serve.devices import host_nvml, resolve as resolve_mig
+        from hkgpu_tune.serve.schema.devices import host_nvml, resolve as resolve_mig
         return resolve_mig(host_nvml(backends), pos)
     gpus = getattr(t, "gpus", None)
     if gpus is None:
@@ -150,7 +150,7 @@ def server_args(t, repository: str | None = None) -> list[str]:
              f"--metrics-address={t.metrics.address}", f"--metrics-port={t.metrics.port}",
              "--allow-metrics=true", *METRICS_CONFIG, "--strict-readiness=true", "--exit-on-error=true",
              f"--exit-timeout-secs={int(t.gate.stop_timeout_s)}"]
-    from hkgpu_tune.serve.connections import args as connection_args
+    from hkgpu_tune.serve.schema.connections import args as connection_args
     return args + connection_args(t.connections) + list(t.extra_args)
 
 
@@ -183,7 +183,7 @@ def placement(t, backends=None) -> dict:
 
 def parent_gpu(backends, uuid: str) -> int:
     """The NVML index of the GPU holding MIG device `uuid`; HkError where none here has it."""
-    from hkgpu_tune.serve.devices import find_mig
+    from hkgpu_tune.backends.mig import find as find_mig
     d = find_mig(backends.nvml, uuid)
     if d is None:
         raise HkError(f"no MIG device {uuid} on this host")
@@ -258,7 +258,7 @@ def render_unit(t, place: dict | None = None) -> str:
         for k, v in sorted(server_env(t, resolve=False).items()):
             lines.append(f"Environment={unitfile.environment(k, v)}")
         if pos:
-            from hkgpu_tune.serve.devices import start_lines
+            from hkgpu_tune.serve.schema.devices import start_lines
             lines += start_lines(pos, t.unit)
         lines += [f"ReadOnlyPaths={unitfile.path(t.model_repository, 'triton.model_repository')}",
                   "ReadWritePaths=/dev/shm"]
@@ -272,7 +272,7 @@ def render_unit(t, place: dict | None = None) -> str:
         lines.append("ExecStartPre=-" + unitfile.exec_line([rt, "rm", "--force", t.unit]))
         start = unitfile.exec_line([rt] + argv[1:], "triton container")
         if pos:   # systemd expands ${CUDA_VISIBLE_DEVICES} from the file mig-env wrote
-            from hkgpu_tune.serve.devices import start_lines
+            from hkgpu_tune.serve.schema.devices import start_lines
             lines += start_lines(pos, t.unit)
             start = start.replace(unitfile.word(UNIT_MIG_DEVICE), UNIT_MIG_DEVICE)
         lines.append("ExecStart=" + start)

@@ -26,8 +26,8 @@ import time
 from dataclasses import dataclass, field
 
 from hkgpu_tune.core.errors import HkError
-from hkgpu_tune.serve import client, loadgen, plain
-from hkgpu_tune.serve.sweep_out import chart, table  # noqa: F401  (the CLI's sweep.table, sweep.chart)
+from hkgpu_tune.serve.running import client
+from hkgpu_tune.serve.measuring import loadgen, plain
 
 PER_LEVEL_OVERHEAD_S = 1.5   # process start and the warm-up part of each load run
 
@@ -148,7 +148,7 @@ SWEEP_EXIT_S = 10.0
 
 def sweep_section(t, workdir: str, mps: bool):
     """The profile's triton section, moved to free loopback ports and a repository of its own."""
-    from hkgpu_tune.serve.config import Endpoint
+    from hkgpu_tune.serve.schema.config import Endpoint
     http, grpc, metrics = client.free_ports(3)
     kw = dict(http=Endpoint(http), grpc=Endpoint(grpc), metrics=Endpoint(metrics),
               model_repository=os.path.join(workdir, "models"), run_dir=os.path.join(workdir, "run"),
@@ -170,7 +170,8 @@ class Server:
     """A tritonserver of the sweep's own; stopped (no process left) on close."""
 
     def __init__(self, t, workdir: str, mps: bool, backends=None):
-        from hkgpu_tune.serve import launch, render
+        from hkgpu_tune.serve.repository import render
+        from hkgpu_tune.serve.running import launch
         self.launch = launch
         self.t = sweep_section(t, workdir, mps)
         self.b = backends
@@ -294,7 +295,7 @@ def check(server: Server, model, point: Point, seconds: float, protocol: str = "
     b = point.best
     req = [(n, dt, shape) for n, dt, shape, _ in client.request_for(model)]
     if protocol == "grpc":
-        from hkgpu_tune.serve import plain_grpc
+        from hkgpu_tune.serve.measuring import plain_grpc
         r = plain_grpc.run(server.t.grpc.host, server.t.grpc.port, model.name, req, b["concurrency"],
                            processes=b["processes"], duration_s=seconds)
     else:
@@ -492,7 +493,7 @@ def write_back(profile_path: str, model_name: str, rep: Report) -> str:
     from hkgpu_tune.core.errors import ProfileError
     from hkgpu_tune.core.fsutil import atomic_write
     from hkgpu_tune.core.profile import parse_profile_text
-    from hkgpu_tune.serve.config import section as triton_section
+    from hkgpu_tune.serve.schema.config import section as triton_section
     if not rep.best:
         raise HkError("triton sweep: nothing to write: no config met the SLO")
     with open(profile_path, newline="") as f:   # line endings kept as they are

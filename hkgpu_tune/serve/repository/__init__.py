@@ -1,0 +1,2 @@
+"""The model repository: config.pbtxt and model files, the engines (TensorRT plans, the torch
+engine, the hkbatch backend) and the copy of a model's previous version kept for a redeploy."""
