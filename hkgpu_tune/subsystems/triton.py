@@ -151,7 +151,7 @@ class Service(Subsystem):
 
     def result(self, target, key, current, desired, status, reason="", **kw):
         if self.several:   # the unit names the service: its targets and changes say which
-            from hkgpu_tune.serve.running.launch import unit_name
+            from hkgpu_tune.serve.running.forms import unit_name
             unit, name = self.t.unit, unit_name(self.t)
             if str(target) not in (unit, name) and not str(target).endswith("/" + name):
                 target = f"{unit}/{target}"
@@ -165,8 +165,7 @@ class Service(Subsystem):
         from hkgpu_tune.serve.schema.config import engine_facts
         t = self.t
         state = {"repository": render.repository_state(t, self.b), "service": launch.status(t, self.b),
-                 "engines": {m.name: engine_facts(m) for m in t.models if m.engine},
-                 "ref": self._ref()}
+                 "engines": {m.name: engine_facts(m) for m in t.models if m.engine}, "ref": self._ref()}
         if t.mig:   # the MIG device it names must exist here (a layout lost at reboot is not ok)
             from hkgpu_tune.serve.schema.devices import mig_check
             state["mig"] = mig_check(self.b.nvml, t.mig)
