@@ -37,7 +37,10 @@ SETTINGS = {"net.ipv4.tcp_keepalive_time": 60, "net.ipv4.tcp_keepalive_intvl": 1
             "net.ipv4.tcp_mtu_probing": 1}
 TEXTFILE = "/var/lib/prometheus/node-exporter/hkgpu-tune.prom"
 PROM_QUERY = "http://127.0.0.1:9090/api/v1/query?query="
-SCRAPE_S = 5        # hkgpu_monitoring_scrape_interval and _evaluation_interval in the inventory
+# hkgpu_monitoring_scrape_interval and _evaluation_interval in the inventory: 10 s, so that
+# node_exporter in the emulated guest answers within the scrape timeout (at 5 s a late scrape
+# made the series stale and reset the pending alert: 2026-12-07, pending to firing 105 s)
+SCRAPE_S = 10
 DRIFT = ("net.ipv4.tcp_keepalive_time", 7200)   # the value a hand on the node sets
 # run in the guest (its own clock, no SSH round trip per poll): change the sysctl by hand, then the
 # seconds until the export has the drift, Prometheus has the alert pending and firing, and
@@ -61,6 +64,11 @@ while time.monotonic() - t0 < float(sys.argv[3]) and "alertmanager" not in r:
     for st in ("pending", "firing"):
         if st not in r and alerts(st):
             r[st] = now
+    if "pending" in r and "firing" not in r and not alerts("pending") and not alerts("firing"):
+        r.setdefault("pending_reset", []).append(now)    # the alert went back to inactive
+    up = get("http://127.0.0.1:9090/api/v1/query?query=" + urllib.parse.quote('up{job="node"}'))["data"]["result"]
+    if any(x["value"][1] != "1" for x in up):
+        r.setdefault("scrape_down", []).append(now)
     am = [a for a in get("http://127.0.0.1:9093/api/v2/alerts") if a["labels"].get("alertname") == "HkgpuDriftPresent"]
     if am:
         r["alertmanager"], r["labels"] = now, am[0]["labels"]
