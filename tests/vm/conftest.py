@@ -71,3 +71,10 @@ def booted(tmp_path_factory):
 def vm(tmp_path_factory):
     with booted(tmp_path_factory) as m:
         yield m
+
+
+@pytest.fixture(scope="session")
+def wheel_dir(tmp_path_factory):
+    """The hkgpu_install role's controller cache (hkgpu_install_cache_dir): one per session, so that a later
+    module finds the node's install stamp (the wheel's checksum) and does not reinstall."""
+    return str(tmp_path_factory.mktemp("wheels"))
