@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.core.fsutil import atomic_write
 from hkgpu_tune.core import unitfile
-from hkgpu_tune.serve.running import client, records
+from hkgpu_tune.serve.running import client
 from hkgpu_tune.serve.running.form_base import Form, form, register
 
 PID_FILE = "tritonserver.json"
