@@ -181,7 +181,8 @@ def run_command(ctx: Context) -> int:
         from hkgpu_tune.core.profile import SOURCES
         print(f"triton command: profile {ctx.profile.label} ({SOURCES.get(ctx.profile.source)})",
               file=sys.stderr)
-    _out(ctx, {"argv": argv, "env": forms.server_env(t) if t.launch == "binary" else {}}, shlex.join(argv),
+    from hkgpu_tune.serve.running.form_base import form
+    _out(ctx, {"argv": argv, "env": form(t.launch).env(t)}, shlex.join(argv),
          header=False)
     return EXIT_OK
 

@@ -173,3 +173,10 @@ def test_a_link_planted_at_the_process_record_is_refused_and_no_server_is_left(t
     # and stop their own servers meanwhile
     left = processes(lambda q: str(tmp_path) in " ".join(q.info["cmdline"] or []))
     assert left == [], [q.info["cmdline"] for q in left]
+
+
+def test_every_launch_form_has_its_class():
+    from hkgpu_tune.serve.running.form_base import FORMS, form
+    from hkgpu_tune.serve.schema.config import LAUNCH_FORMS
+    assert sorted(FORMS) == sorted(LAUNCH_FORMS)
+    assert all(form(name).name == name for name in LAUNCH_FORMS)

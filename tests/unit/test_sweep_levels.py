@@ -2,7 +2,7 @@
 p99 grows with the load in a known way; the real server runs in tests/triton/test_sweep.py."""
 from types import SimpleNamespace
 
-from hkgpu_tune.serve.measuring import sweep
+from hkgpu_tune.serve.measuring import loadgen, sweep
 
 
 def test_the_ramp_halving_and_bisection_in_order(monkeypatch):
@@ -22,3 +22,8 @@ def test_the_ramp_halving_and_bisection_in_order(monkeypatch):
     assert order([32, 64, 128]) == ([32, 64, 128, 96, 80], 80)
     assert order([88, 89]) == ([88, 89], 89)                 # nothing over: nothing to bisect
     assert order([80, 96]) == ([80, 96, 88], 88)            # 88 fits; 88..96 is within 88 // 8: stop
+
+
+def test_each_load_protocol_has_its_plain_client():
+    assert sorted(sweep.PLAIN) == sorted(loadgen.PROTOCOLS)
+    assert {p: m.ENDPOINT for p, m in sweep.PLAIN.items()} == {"http": "http", "grpc": "grpc"}

@@ -17,6 +17,7 @@ import os
 import threading
 import time
 
+ENDPOINT = "http"   # the service endpoint (triton.http) run() speaks to; plain_grpc's is grpc
 BYTES_PER = {"BOOL": 1, "UINT8": 1, "INT8": 1, "UINT16": 2, "INT16": 2, "FP16": 2, "BF16": 2, "UINT32": 4,
              "INT32": 4, "FP32": 4, "UINT64": 8, "INT64": 8, "FP64": 8}
 

@@ -13,6 +13,8 @@ import time
 
 from hkgpu_tune.serve.measuring.plain import fan_out
 
+ENDPOINT = "grpc"   # the service endpoint (triton.grpc) run() speaks to
+
 NUMPY = {"BOOL": "bool", "UINT8": "uint8", "INT8": "int8", "UINT16": "uint16", "INT16": "int16", "FP16": "float16",
          "UINT32": "uint32", "INT32": "int32", "FP32": "float32", "UINT64": "uint64", "INT64": "int64",
          "FP64": "float64"}

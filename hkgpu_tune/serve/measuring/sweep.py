@@ -27,8 +27,10 @@ from dataclasses import dataclass, field
 
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.serve.running import client
-from hkgpu_tune.serve.measuring import loadgen, plain
+from hkgpu_tune.serve.measuring import loadgen, plain, plain_grpc
 
+# the independent plain client of each protocol: the same run(host, port, ...) and figures
+PLAIN = {"http": plain, "grpc": plain_grpc}
 PER_LEVEL_OVERHEAD_S = 1.5   # process start and the warm-up part of each load run
 
 
@@ -294,13 +296,10 @@ def check(server: Server, model, point: Point, seconds: float, protocol: str = "
     over the plain client's). Under 0.9 of its img/s, the load generator, not the server, limited the sweep."""
     b = point.best
     req = [(n, dt, shape) for n, dt, shape, _ in client.request_for(model)]
-    if protocol == "grpc":
-        from hkgpu_tune.serve.measuring import plain_grpc
-        r = plain_grpc.run(server.t.grpc.host, server.t.grpc.port, model.name, req, b["concurrency"],
-                           processes=b["processes"], duration_s=seconds)
-    else:
-        r = plain.run(server.t.http.host, server.t.http.port, model.name, req, b["concurrency"],
-                      processes=b["processes"], duration_s=seconds)
+    client_of = PLAIN[protocol]
+    ep = getattr(server.t, client_of.ENDPOINT)
+    r = client_of.run(ep.host, ep.port, model.name, req, b["concurrency"], processes=b["processes"],
+                      duration_s=seconds)
     return plain.compare(b, r)
 
 

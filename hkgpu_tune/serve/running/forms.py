@@ -16,7 +16,8 @@ from dataclasses import asdict, dataclass
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.core.fsutil import atomic_write
 from hkgpu_tune.core import unitfile
-from hkgpu_tune.serve.running import client, records
+from hkgpu_tune.serve.running import client
+from hkgpu_tune.serve.running.form_base import Form, form, register
 
 PID_FILE = "tritonserver.json"
 LOG_FILE = "tritonserver.log"
@@ -138,13 +139,14 @@ def mps_env(t) -> dict[str, str]:
     return {"CUDA_MPS_PIPE_DIRECTORY": t.mps.pipe_dir, "CUDA_MPS_LOG_DIRECTORY": t.mps.log_dir}
 
 
-def server_args(t, repository: str | None = None) -> list[str]:
+def server_args(t, repository: str | None = None, backends: str | None = None) -> list[str]:
     """tritonserver options: repository, explicit model control (each profile model loaded at start,
-    later versions loaded through the repository API), ports and bind addresses, strict readiness."""
+    later versions loaded through the repository API), the backend directory (`backends`; an image
+    has its own), ports and bind addresses, strict readiness."""
     args = [f"--model-repository={repository or t.model_repository}", f"--model-control-mode={CONTROL_MODE}"]
     args += [f"--load-model={m.name}" for m in t.models]
-    if t.launch == "binary":
-        args.append(f"--backend-directory={backend_directory(t)}")
+    if backends:
+        args.append(f"--backend-directory={backends}")
     args += [f"--http-address={t.http.address}", f"--http-port={t.http.port}",
              f"--grpc-address={t.grpc.address}", f"--grpc-port={t.grpc.port}",
              f"--metrics-address={t.metrics.address}", f"--metrics-port={t.metrics.port}",
@@ -229,12 +231,49 @@ def container_argv(t, place: dict, detach: bool = False, backends=None, resolve:
 def command(t, place: dict | None = None, backends=None, resolve: bool = True) -> list[str]:
     """The full argv the service runs, in its launch form."""
     place = place if place is not None else placement(t, backends)
-    if t.launch == "container":
-        return container_argv(t, place, backends=backends, resolve=resolve)
-    return [server_binary(t)] + server_args(t)
+    return form(t.launch).argv(t, place, backends, resolve)
 
 
 DEFAULT_USER = "triton-server"
+
+
+@register
+class Binary(Form):
+    """tritonserver itself, run as the profile's user (DEFAULT_USER when none is named)."""
+    name = "binary"
+    pinned = True
+    own_user = True
+
+    def argv(self, t, place, backends=None, resolve=True):
+        return [server_binary(t)] + server_args(t, backends=backend_directory(t))
+
+    def check(self, t, backends):
+        server_binary(t)
+        prepare_backends(t)
+
+    def env(self, t, backends=None):
+        return server_env(t, backends)
+
+    def recognise(self, argv):
+        return os.path.basename(argv[0]) == "tritonserver"
+
+    def unit_service(self, t, argv, pos):
+        out = []
+        user = unitfile.value(t.user or DEFAULT_USER, "triton.user")
+        out += [f"User={user}", f"Group={user}"]
+        for k, v in sorted(server_env(t, resolve=False).items()):
+            out.append(f"Environment={unitfile.environment(k, v)}")
+        if pos:
+            from hkgpu_tune.serve.schema.devices import start_lines
+            out += start_lines(pos, t.unit)
+        out += [f"ReadOnlyPaths={unitfile.path(t.model_repository, 'triton.model_repository')}",
+                "ReadWritePaths=/dev/shm"]
+        for d in dict.fromkeys(mps_env(t).values()):  # visible (PrivateTmp) and writable (ProtectSystem)
+            q = unitfile.path(d, "triton.mps directory", colon=False)
+            out += [f"BindPaths={q}", f"ReadWritePaths={q}"]
+        out += HARDENING
+        out.append("ExecStart=" + unitfile.exec_line(argv, "triton server"))
+        return out
 
 
 def render_unit(t, place: dict | None = None) -> str:
@@ -252,36 +291,7 @@ def render_unit(t, place: dict | None = None) -> str:
     lines = ["[Unit]", "Description=Triton Inference Server (hkgpu-tune)",
              "After=" + " ".join(after), "Wants=" + " ".join(wants), ""]
     lines += ["[Service]", "Type=simple"]
-    if t.launch == "binary":
-        user = unitfile.value(t.user or DEFAULT_USER, "triton.user")
-        lines += [f"User={user}", f"Group={user}"]
-        for k, v in sorted(server_env(t, resolve=False).items()):
-            lines.append(f"Environment={unitfile.environment(k, v)}")
-        if pos:
-            from hkgpu_tune.serve.schema.devices import start_lines
-            lines += start_lines(pos, t.unit)
-        lines += [f"ReadOnlyPaths={unitfile.path(t.model_repository, 'triton.model_repository')}",
-                  "ReadWritePaths=/dev/shm"]
-        for d in dict.fromkeys(mps_env(t).values()):  # visible (PrivateTmp) and writable (ProtectSystem)
-            q = unitfile.path(d, "triton.mps directory", colon=False)
-            lines += [f"BindPaths={q}", f"ReadWritePaths={q}"]
-        lines += HARDENING
-        lines.append("ExecStart=" + unitfile.exec_line(argv, "triton server"))
-    else:  # the runtime needs root; the server inside runs as the image's or the profile's user
-        rt = records.runtime_path(t.runtime, required=False)
-        lines.append("ExecStartPre=-" + unitfile.exec_line([rt, "rm", "--force", t.unit]))
-        start = unitfile.exec_line([rt] + argv[1:], "triton container")
-        if pos:   # systemd expands ${CUDA_VISIBLE_DEVICES} from the file mig-env wrote
-            from hkgpu_tune.serve.schema.devices import start_lines
-            lines += start_lines(pos, t.unit)
-            start = start.replace(unitfile.word(UNIT_MIG_DEVICE), UNIT_MIG_DEVICE)
-        lines.append("ExecStart=" + start)
-        lines.append("ExecStop=" + unitfile.exec_line(
-            [rt, "stop", "--time", str(int(t.gate.stop_timeout_s) + STOP_GRACE_S), t.unit]))
-        # systemd ends the foreground `run` once ExecStop returns, before its --rm has removed the
-        # container: an exited container was left behind (seen with podman on the VM test node)
-        lines.append("ExecStopPost=-" + unitfile.exec_line([rt, "rm", "--force", t.unit]))
-        lines += ["NoNewPrivileges=yes", "PrivateTmp=yes", "ProtectHome=yes"]
+    lines += form(t.launch).unit_service(t, argv, pos)
     lines += ["LimitMEMLOCK=infinity", "LimitNOFILE=1048576", "LimitSTACK=67108864"]
     if place.get("cpus"):
         lines.append(f"CPUAffinity={cpu_list(place['cpus'])}")

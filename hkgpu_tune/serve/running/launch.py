@@ -13,9 +13,10 @@ import socket
 import subprocess
 import time
 
-from hkgpu_tune.core.errors import HkError, UnsupportedError
+from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.core.fsutil import atomic_write, check_trusted
 from hkgpu_tune.serve.running import client, forms, records
+from hkgpu_tune.serve.running.form_base import FORMS, form
 
 # ---------------------------------------------------------------- start / status / stop
 def _state_path(t) -> str:
@@ -178,24 +179,13 @@ class Process(Server):
         st = process_record(self.t)
         if not st:
             return None
-        pid = st["pid"]
-        if st.get("launch") == "container":  # the server runs under the runtime, not under its client
-            r = forms._b(self.backends).cmd.run([self.t.runtime, "inspect", "--format", "{{.State.Pid}}",
-                                                 self.t.unit])
-            pid = int(r.out.strip()) if r.rc == 0 and r.out.strip().isdigit() else pid
-        return pid
+        return _record_form(st).main_pid(self.t, st["pid"], self.backends)
 
     def run(self, place: dict) -> dict:
-        t = self.t
-        argv = forms.command(t, place, self.backends)     # a MIG position: its UUID now
-        if t.launch == "container":
-            try:
-                argv[0] = records.runtime_path(t.runtime)
-            except HkError:
-                raise UnsupportedError(f"triton: container runtime {t.runtime} not found") from None
-        added = forms.server_env(t, self.backends) if t.launch == "binary" else {}
-        user = service_user(t, self.name) if t.launch == "binary" else None
-        _spawn(forms.ServiceRef.of(t, self.backends), argv, added, user, t.launch, place)
+        t, f = self.t, form(self.t.launch)
+        argv = f.program(t, f.argv(t, place, self.backends))     # a MIG position: its UUID now
+        user = service_user(t, self.name) if f.own_user else None
+        _spawn(forms.ServiceRef.of(t, self.backends), argv, f.env(t, self.backends), user, t.launch, place)
         return {"argv": argv, "log": os.path.join(t.run_dir, forms.LOG_FILE)}
 
     def stop(self, timeout: float) -> dict:
@@ -207,10 +197,7 @@ class Process(Server):
             return {"stopped": False, "how": "was not running", "left": []}
         pid = st["pid"]
         t0 = time.monotonic()
-        if st.get("launch") == "container":
-            from hkgpu_tune.backends.command import Command
-            Command().run([t.runtime, "stop", "--time", str(int(timeout) + forms.STOP_GRACE_S), t.unit],
-                          timeout=timeout + 2 * forms.STOP_GRACE_S)
+        _record_form(st).before_signal(t, timeout)
         try:
             os.killpg(pid, signal.SIGTERM)
         except ProcessLookupError:
@@ -242,6 +229,11 @@ class Process(Server):
 SERVERS = {"systemd": Unit, "process": Process}
 
 
+def _record_form(st: dict):
+    """The launch form a run record names (a record without one: binary)."""
+    return form(st["launch"] if st.get("launch") in FORMS else "binary")
+
+
 def server(t, backends=None) -> Server:
     """The service's Server, by its supervisor (resolved: systemd where it manages services)."""
     return SERVERS[forms.supervisor(t, backends)](t, backends)
@@ -260,8 +252,7 @@ def process_record(t) -> dict | None:
 
 def launched_as(t, backends=None) -> dict:
     """What a process started now would get: argv and the environment added to ours."""
-    return {"argv": forms.command(t, backends=backends),
-            "env": forms.server_env(t, backends) if t.launch == "binary" else {}}
+    return {"argv": forms.command(t, backends=backends), "env": form(t.launch).env(t, backends)}
 
 
 def explicit(t, backends=None) -> bool:
@@ -368,18 +359,14 @@ def start(t, backends=None, place: dict | None = None) -> dict:
     from hkgpu_tune.serve.repository.render import check_models
     from hkgpu_tune.serve.repository import render
     check_models(t)
-    if t.launch == "binary":
-        forms.server_binary(t)
-        forms.prepare_backends(t)
-    else:   # the image holds what each model needs: one line naming the model, before anything runs
-        from hkgpu_tune.serve.running import container
-        container.check_image(t, backends.cmd)
+    f = form(t.launch)
+    f.check(t, backends)
     _check_repository(t)
     render.repository_state(t, backends)  # re-checks config.pbtxt against the schema
     place = place if place is not None else forms.placement(t, backends)
     srv = server(t, backends)
     user = service_user(t, srv.name)
-    if t.launch == "binary" and user and user != "root":
+    if f.own_user and user and user != "root":
         check_user_access(t, user)
     check_ports(t)
     started = srv.run(place)
@@ -409,13 +396,13 @@ def respawn(ref: forms.ServiceRef, record: dict, backends=None) -> None:
            record.get("launch") or "binary", record.get("placement") or {})
 
 
-def _spawn(ref: forms.ServiceRef, argv: list[str], added: dict, user: str | None, form: str, place: dict) -> int:
+def _spawn(ref: forms.ServiceRef, argv: list[str], added: dict, user: str | None, launch: str, place: dict) -> int:
     """The server as a process in its own session (as `user` when root starts it), pinned to the
     placement's CPUs; its record (pid, start time, argv, env added) in the run directory."""
     os.makedirs(ref.run_dir, mode=0o755, exist_ok=True)
     check_trusted(os.path.abspath(ref.run_dir), "Triton run directory")
     check_trusted(argv[0], "Triton server program")
-    if form == "binary" and not user and os.geteuid() == 0:
+    if form(launch).own_user and not user and os.geteuid() == 0:
         user = forms.DEFAULT_USER   # root never starts the server as root unless the profile names root
     log = os.path.join(ref.run_dir, forms.LOG_FILE)
     env = dict(os.environ)
@@ -436,13 +423,13 @@ def _spawn(ref: forms.ServiceRef, argv: list[str], added: dict, user: str | None
                                     cwd="/", start_new_session=True, close_fds=True, **kw)
         except OSError as e:
             raise HkError(f"triton: cannot start {argv[0]}: {e.strerror}") from None
-    if cpus and form == "binary":
+    if cpus and form(launch).pinned:
         try:  # before it loads models (threads created later inherit the mask)
             os.sched_setaffinity(proc.pid, cpus)
         except OSError:
             pass
     st = {"pid": proc.pid, "start_ticks": _start_ticks(proc.pid), "argv": argv, "log": log,
-          "started": time.time(), "placement": place, "launch": form, "env": added, "user": user}
+          "started": time.time(), "placement": place, "launch": launch, "env": added, "user": user}
     try:
         atomic_write(_state_path(ref), json.dumps(st), mode=0o600)
     except HkError:   # no record, no way to stop it later: stop it now

@@ -14,6 +14,7 @@ import shutil
 
 from hkgpu_tune.core.errors import HkError
 from hkgpu_tune.core.fsutil import check_trusted
+from hkgpu_tune.serve.running.form_base import FORMS
 
 def runtime_path(runtime: str, required: bool = True) -> str:
     """The container runtime by absolute path (what root runs is never searched for on PATH).
@@ -48,18 +49,15 @@ def check_record(rec) -> None:
     if not (isinstance(argv, list) and argv and len(argv) <= 256 and all(isinstance(a, str) for a in argv)
             and os.path.isabs(argv[0]) and os.path.normpath(argv[0]) == argv[0]):
         raise HkError("triton: the saved command's argv is not an absolute program and its arguments")
-    prog = os.path.basename(argv[0])
-    if form == "binary" and prog != "tritonserver" or form == "container" and (
-            prog not in ("docker", "podman") or argv[1:2] != ["run"]) or form not in ("binary", "container"):
+    kind = FORMS.get(form) if isinstance(form, str) else None
+    if kind is None or not kind().recognise(argv):
         raise HkError(f"triton: the saved command runs {argv[0]!r} ({form}), not a Triton server: refused")
     if not isinstance(env, dict) or not all(k in RECORD_ENV and isinstance(v, str) for k, v in env.items()):
         raise HkError(f"triton: the saved command's environment holds more than {', '.join(RECORD_ENV)}")
     user = rec.get("user")
     if user is not None and not (isinstance(user, str) and re.fullmatch(USER_RE, user)):
         raise HkError(f"triton: the saved command's user {user!r} is not a user name")
-    if form == "container":   # re-read against the renderer's own shape: no option it never writes
-        from hkgpu_tune.serve.schema.shapes import check_container_argv
-        check_container_argv(argv)
+    kind().check_saved(argv)
     if not isinstance(rec.get("placement") or {}, dict):
         raise HkError("triton: the saved command's placement is not a mapping")
 

@@ -38,6 +38,7 @@ NAME_RE = r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}"
 USER_RE = r"[a-z_][a-z0-9_-]{0,31}"
 UNIT_RE = r"[A-Za-z0-9][A-Za-z0-9:_.@-]{0,200}"   # systemd unit characters; never . or ..
 SIZE_RE = r"[0-9]+[kKmMgG]?"
+LAUNCH_FORMS = ("binary", "container")   # each a running.form_base.Form (a test holds the two together)
 # tritonserver options the launcher sets from the profile (an extra_args copy would override them)
 PROFILE_OPTIONS = {"--model-repository": "model_repository", "--http-port": "http.port", "--grpc-port": "grpc.port",
                    "--metrics-port": "metrics.port", "--http-address": "http.address",
@@ -431,7 +432,7 @@ def parse_one(node, m: dict, base: str, defaults: dict | None = None) -> Triton:
     if "server" in m:
         s = m["server"].string(what="'pytriton' or the path of a tritonserver binary")
         kw["server"] = s if s == "pytriton" else _path(m["server"], base)
-    for key, opts in (("launch", ("binary", "container")), ("supervisor", ("auto", "systemd", "process")),
+    for key, opts in (("launch", LAUNCH_FORMS), ("supervisor", ("auto", "systemd", "process")),
                       ("runtime", ("docker", "podman"))):
         if key in m:
             kw[key] = m[key].choice(opts)
