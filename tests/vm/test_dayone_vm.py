@@ -28,9 +28,8 @@ from ..helpers import REPO
 from .conftest import booted
 
 pytestmark = [pytest.mark.root, pytest.mark.slow,
-              pytest.mark.skipif(os.environ.get("HKGPU_VM_DAYONE") != "1",
-                                 reason="HKGPU_VM_DAYONE=1 runs it: the day-one journey has not yet passed a whole run "
-                                        "here, so CI does not gate on it")]
+              pytest.mark.skipif(os.environ.get("HKGPU_VM_DAYONE") == "0",
+                                 reason="HKGPU_VM_DAYONE=0 given: the day-one journey (about 15 min) is left out")]
 
 SETTINGS = {"net.ipv4.tcp_keepalive_time": 60, "net.ipv4.tcp_keepalive_intvl": 10,
             "net.ipv4.tcp_keepalive_probes": 6, "net.ipv4.tcp_slow_start_after_idle": 0,
