@@ -283,23 +283,36 @@ def serve_and_measure(args, prof: str, t, model, res: dict, mps: bool) -> None:
                              for r in json.loads(v.stdout).get("results", [])]
         except ValueError:
             res["verify"] = v.stdout[-800:] + v.stderr[-800:]
+        ok = []
         if args.plain_levels:   # the headline's load: the highest where the independent client holds the SLO
             res["plain_ladder"] = plain_ladder(args, t, model)
-            ok = [x for x in res["plain_ladder"] if x["errors"] == 0 and x["p99_ms"] <= args.slo_ms]
-            if ok:
-                args.concurrency_final = max(ok, key=lambda x: x["concurrency"])["concurrency"]
-            res["plain"] = max(ok, key=lambda x: x["concurrency"]) if ok else None
-            log(f"headline load (the plain client's highest within p99 {args.slo_ms:g} ms): "
-                f"{args.concurrency_final} in flight" if ok else "the plain client held the SLO at no level")
-        spec = sweep.spec_for(t, model, args.concurrency_final, args.final_seconds, args.processes, args.shm,
-                              args.protocol)
-        loadgen.run(dataclasses.replace(spec, duration_s=3, warmup_s=1))   # warm the connections and batcher
-        sampler = GpuSampler().start()
-        r = loadgen.run(spec)
-        gpu = sampler.stop(r.get("window"))
-        res["load"], res["gpu"] = r, gpu
-        log(f"tuned ({'MPS' if mps else 'no MPS'}), {args.concurrency_final} in flight: {loadgen.line(r)}; "
-            f"GPU {gpu.get('gpu_util_pct')}%")
+            ok = sorted((x for x in res["plain_ladder"] if x["errors"] == 0 and x["p99_ms"] <= args.slo_ms),
+                        key=lambda x: x["concurrency"], reverse=True)
+            log(f"the plain client held p99 {args.slo_ms:g} ms at " + (", ".join(str(x["concurrency"]) for x in ok)
+                or "no level"))
+        # the headline is a level every client agrees is inside the SLO: from the plain client's highest
+        # down, the load generator's own load must hold it too (each try is kept in the record)
+        res["headline_tries"] = []
+        for i, cand in enumerate(ok or [None]):
+            if cand is not None:
+                args.concurrency_final = cand["concurrency"]
+            spec = sweep.spec_for(t, model, args.concurrency_final, args.final_seconds, args.processes, args.shm,
+                                  args.protocol)
+            loadgen.run(dataclasses.replace(spec, duration_s=3, warmup_s=1))   # warm the connections and batcher
+            sampler = GpuSampler().start()
+            r = loadgen.run(spec)
+            gpu = sampler.stop(r.get("window"))
+            res["load"], res["gpu"], res["plain"] = r, gpu, cand
+            agreed = cand is not None and r["errors"] == 0 and r["p99_ms"] <= args.slo_ms
+            res["headline_tries"].append({"concurrency": args.concurrency_final, "loadgen_p99_ms": r["p99_ms"],
+                                          "loadgen_img_s": r["img_s"], "plain_p99_ms": (cand or {}).get("p99_ms"),
+                                          "plain_img_s": (cand or {}).get("img_s"), "agreed": agreed})
+            log(f"tuned ({'MPS' if mps else 'no MPS'}), {args.concurrency_final} in flight: {loadgen.line(r)}; "
+                f"GPU {gpu.get('gpu_util_pct')}%" + ("" if cand is None else
+                f"; every client within the SLO: {agreed}"))
+            if cand is None or agreed or i == len(ok) - 1 or i >= 2:
+                break
+        res["headline_agreed"] = bool(res["headline_tries"] and res["headline_tries"][-1]["agreed"])
         if args.protocols:
             res["protocols"] = protocols(args, t, model, spec)
         if args.naive_rate:
@@ -542,6 +555,7 @@ def summarise(rec: dict) -> dict:
     rec["plain_x_naive"] = round(pl["img_s"] / rec["naive_img_s"], 1) if pl.get("img_s") and rec["naive_img_s"] else None
     if tuned.get("protocols"):
         rec["protocols"] = tuned["protocols"]
+    rec["headline_agreed"], rec["headline_tries"] = tuned.get("headline_agreed"), tuned.get("headline_tries")
     rec["throughput_x_naive"] = ratio(rec["tuned_img_s"], rec["naive_img_s"])
     rec["x_limit"] = ratio(rec["tuned_img_s"], rec["limit_img_s"])
     rec["p99_cut_at_naive_load_pct"] = (round(100 * (1 - rec["tuned_p99_at_naive_load_ms"] / rec["naive_sat_p99_ms"]), 1)
@@ -555,6 +569,8 @@ def summarise(rec: dict) -> dict:
                            ("plain_x_naive", TARGETS["throughput_x_naive"], False)):
         v = rec.get(k)
         checks[k] = {"value": v, "target": target, "pass": None if v is None else (v <= target if low else v >= target)}
+    if rec["headline_agreed"] is not None:   # the plain client and the load generator both inside the SLO there
+        checks["headline_agreed"] = {"value": rec["headline_agreed"], "target": True, "pass": rec["headline_agreed"]}
     rec["targets"] = checks
     # the service against the sweep's own figure for the same config and load: far below it, the
     # service is not running what was measured (a --write that dropped a setting did exactly that)

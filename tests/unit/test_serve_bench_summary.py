@@ -40,3 +40,19 @@ def test_a_final_load_other_than_the_sweeps_is_not_compared():
     rec["tuned"]["load"]["concurrency"] = 40   # --concurrency-final chose another load
     rec = serve_h200.summarise(rec)
     assert rec["served_x_sweep"] is not None and "warnings" not in rec
+
+
+def test_a_headline_where_the_load_generator_is_over_the_slo_fails_its_target():
+    # 2026-12-06 (H100): the plain client held 15 ms at 120 in flight, the load generator measured 16.26 ms
+    rec = recorded("serve-h100-2026-12-06.json")
+    rec["tuned"]["headline_agreed"] = False
+    rec["tuned"]["headline_tries"] = [{"concurrency": 120, "loadgen_p99_ms": 16.26, "plain_p99_ms": 14.52,
+                                       "agreed": False}]
+    t = serve_h200.summarise(rec)["targets"]
+    assert t["headline_agreed"] == {"value": False, "target": True, "pass": False}
+    rec["tuned"]["headline_agreed"] = True
+    assert serve_h200.summarise(rec)["targets"]["headline_agreed"]["pass"] is True
+
+
+def test_a_record_from_before_the_agreement_rule_has_no_such_target():
+    assert "headline_agreed" not in serve_h200.summarise(recorded("serve-h100-2026-12-06.json"))["targets"]
