@@ -132,3 +132,31 @@ def test_the_node_gets_one_archive_of_the_wheel_and_the_wheelhouse(tmp_path):
     os.utime(old, (1, 1))
     ship.ship(str(tmp_path / "c"), whl, deps=False)
     assert not os.path.exists(old) and os.path.exists(withx["bundle"])     # an hour old goes; a fresh one stays
+
+
+def ship_args(tasks: str, role: str, variables: dict) -> list[str]:
+    """The arguments a role's task passes to hkgpu_ship.py, rendered by Ansible's own loader and templating."""
+    from ansible.parsing.dataloader import DataLoader
+    from ansible.template import Templar, trust_as_template   # the role's own files are trusted templates
+    loader, base = DataLoader(), os.path.join(REPO, "roles", role)
+    task = next(t for t in loader.load_from_file(os.path.join(base, "tasks", tasks))
+                if "hkgpu_ship.py" in str(t.get("ansible.builtin.command")))
+    own = dict(task.get("vars") or {})
+    if os.path.exists(os.path.join(base, "vars", "main.yml")):
+        own.update(loader.load_from_file(os.path.join(base, "vars", "main.yml")) or {})
+    own = {k: trust_as_template(v) if isinstance(v, str) else v for k, v in own.items()}
+    t = Templar(loader=loader, variables={**own, **variables, "role_path": base,
+                                          "ansible_playbook_python": sys.executable})
+    argv = t.template(trust_as_template(task["ansible.builtin.command"]["argv"]))
+    return argv[next(i for i, a in enumerate(argv) if a.endswith("hkgpu_ship.py")) + 1:]
+
+
+@pytest.mark.parametrize("wheelhouse", ["", "/srv/wheelhouse"])
+def test_the_run_stamp_and_the_install_ask_for_the_same_archive(wheelhouse):
+    # the fast path's stamp packs the archive the install would copy: with other inputs (a wheelhouse
+    # left out) the controller packed a second archive it never sent
+    v = {"hkgpu_install_cache_dir": "/c", "hkgpu_install_wheel": "/w/hkgpu_tune-9-py3-none-any.whl",
+         "hkgpu_install_wheelhouse": wheelhouse}
+    install = ship_args("main.yml", "hkgpu_install", v)
+    stamp = ship_args("converged.yml", "hkgpu", v)
+    assert install == stamp and ("--extra" in install) == bool(wheelhouse), (install, stamp)
