@@ -8,6 +8,7 @@ reference) over described images, and runs tests/standins/trtexec (trtexec's hel
 image's trtexec; tests/standins/triton_tensorrt.py is the load check of Triton's TensorRT backend."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -15,7 +16,7 @@ import pytest
 
 from hkgpu_tune.backends import Backends
 from hkgpu_tune.backends.nvml import ReplayNvml
-from hkgpu_tune.core.errors import HkError
+from hkgpu_tune.core.errors import HkError, UnsupportedError
 from hkgpu_tune.core.profile import parse_profile_text
 from hkgpu_tune.core.report import DRIFT, OK
 from hkgpu_tune.subsystems.triton import Plugin
@@ -105,6 +106,18 @@ def test_the_plan_is_built_in_the_image_that_serves_it(tmp_path, node):
     node(**{IMAGE: {"backends": ["python", "tensorrt"], "tensorrt": "100800", "torch": None}})
     r = next(r for r in Plugin(prof, b).verify() if r.key == "repository")
     assert r.status == DRIFT and "plan is stale: tensorrt changed" in r.reason, r.reason
+
+
+def test_where_a_plan_can_be_built_is_the_launch_forms_to_say(tmp_path, node):
+    from hkgpu_tune.serve.repository import tensorrt
+    t = write_profile(tmp_path, TRT).section("triton")
+    assert tensorrt.cannot_build(t) is None                           # the image has trtexec; the host has none
+    node(**{IMAGE: {"backends": ["python", "tensorrt"], "tensorrt": None, "torch": None}})
+    assert tensorrt.cannot_build(t) == f"image {IMAGE} has no trtexec"
+    binary = dataclasses.replace(t, launch="binary")
+    assert tensorrt.cannot_build(binary) == tensorrt.TRTEXEC_MISSING  # the host's trtexec decides
+    with pytest.raises(UnsupportedError, match="trtexec not found"):
+        tensorrt.runner(binary, t.models[0].build, str(tmp_path / "m.plan"))
 
 
 def test_a_path_outside_the_mounts_is_not_seen_by_the_container(tmp_path, node):

@@ -81,23 +81,23 @@ def host_trtexec(cmd: Command | None = None) -> Trtexec:
     return Trtexec([exe], tensorrt_version(cmd or Command(), exe))
 
 
+def form(t):
+    """The service's launch form (running/form_base), which says where trtexec runs."""
+    from hkgpu_tune.serve.running.form_base import form as by_name
+    return by_name(getattr(t, "launch", "binary") if t is not None else "binary")
+
+
 def runner(t, build, plan: str, cmd: Command | None = None) -> Trtexec:
-    """The host's trtexec, or in the container form the serving image's (the plan must be built
-    by the TensorRT that loads it)."""
-    if t is not None and getattr(t, "launch", "binary") == "container":
-        from hkgpu_tune.serve.running import container
-        return Trtexec(*container.image_trtexec(t, build, plan, cmd))
-    return host_trtexec(cmd)
+    """The host's trtexec, or the one its launch form names (the container form: the serving image's)."""
+    image = form(t).trtexec(t, build, plan, cmd)
+    return Trtexec(*image) if image else host_trtexec(cmd)
 
 
 def cannot_build(t) -> str | None:
     """Why no plan can be built for this service here (no trtexec on the host, or in the image)."""
-    if t is not None and getattr(t, "launch", "binary") == "container":
-        from hkgpu_tune.serve.running import container
-        try:
-            return None if container.facts(t)["tensorrt"] else f"image {t.image} has no trtexec"
-        except HkError as e:
-            return str(e)
+    why = form(t).trtexec_missing(t)
+    if why is not None:
+        return why or None
     return None if trtexec_path() else TRTEXEC_MISSING
 
 

@@ -129,6 +129,15 @@ class Container(Form):
     def recognise(self, argv):
         return os.path.basename(argv[0]) in ("docker", "podman") and argv[1:2] == ["run"]
 
+    def trtexec(self, t, build, plan, cmd=None):
+        return image_trtexec(t, build, plan, cmd)   # the plan is built by the TensorRT that loads it
+
+    def trtexec_missing(self, t, cmd=None):
+        try:
+            return "" if facts(t, cmd)["tensorrt"] else f"image {t.image} has no trtexec"
+        except HkError as e:
+            return str(e)
+
     def check_saved(self, argv):
         # re-read against the renderer's own shape: no option it never writes
         from hkgpu_tune.serve.schema.shapes import check_container_argv

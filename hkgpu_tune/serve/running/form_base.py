@@ -51,6 +51,14 @@ class Form:
     def check_saved(self, argv: list[str]) -> None:
         """A saved argv against the shape the renderer writes (HkError where it differs)."""
 
+    def trtexec(self, t, build, plan: str, cmd=None):
+        """trtexec in the form's own image: (argv up to its flags, TensorRT version, where); None: the host's."""
+        return None
+
+    def trtexec_missing(self, t, cmd=None) -> str | None:
+        """Why the form's image cannot build a plan ("" when it can); None: the host's trtexec decides."""
+        return None
+
 
 def register(cls: type[Form]) -> type[Form]:
     FORMS[cls.name] = cls
