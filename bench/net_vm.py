@@ -92,7 +92,11 @@ def run_node(vm, dev: str, label: str, paths, rate: int, args, tests=netpath.TES
             log(f"  idle rtt {r['idle']}")
             r.update(netpath.measure(vm, args.runs, args.seconds, args.omit, tests=tests, log=log))
             if p.name in args.capture and tests == netpath.TESTS:
-                r["capture"] = capture(vm, p, label, args)
+                try:
+                    r["capture"] = capture(vm, p, label, args)
+                except (AssertionError, subprocess.TimeoutExpired) as e:   # say so, go on with the next path
+                    log(f"  baseline capture {label} {p.name} failed: {str(e)[-300:]}")
+                    vm.wait_ssh(300)
         finally:
             netpath.unshape(vm, dev)
         res["paths"][p.name] = r

@@ -25,6 +25,7 @@ from .vm import DATA_MAC, PEER_ADDR
 PORT = 5201
 BUFFER_MS = 100          # the switch port's FIFO, in milliseconds at the shaped rate
 PEER_BUF = 64 << 20
+NETEM_RATE_MBIT = 10000  # netem's own rate: no bottleneck, only keeps order (see shape)
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,10 @@ def shape(vm, dev: str, path: Path, rate_mbit: int) -> str:
     """Put the path in place; returns the leaf qdisc (the node's own) that holds the upload queue."""
     leaf = queue_qdisc(vm, dev)
     burst = "burst 64k cburst 64k"
+    # netem's rate (far over the path's) keeps packets in order under jitter, as a WAN path does: without
+    # it every jittered packet is reordered, and the emulated guest soft-locked on the SACK storm
     netem = f"delay {path.rtt_ms:g}ms" + (f" {path.jitter_ms:g}ms" if path.jitter_ms else "") + \
-        (f" loss {path.loss_pct:g}%" if path.loss_pct else "")
+        (f" loss {path.loss_pct:g}%" if path.loss_pct else "") + f" rate {NETEM_RATE_MBIT}mbit"
     vm.ssh(f"set -e; modprobe ifb numifbs=1; modprobe sch_netem; ip link set ifb0 mtu 9000 up\n"
            f"tc qdisc del dev {dev} root 2>/dev/null || true\n"
            f"tc qdisc add dev {dev} root handle 1: htb default 1\n"
@@ -151,7 +154,8 @@ def measure(vm, runs: int, seconds: int, omit: int, tests=TESTS, log=print) -> d
     for i in range(runs):
         for name, streams, reverse in tests:
             r = one_run(vm, streams, reverse, seconds, omit)
-            if "error" in r:   # one retry: the peer's server between two tests
+            if "error" in r:   # one retry: the peer's server between two tests, or a guest that fell behind
+                vm.wait_ssh(300)
                 r = one_run(vm, streams, reverse, seconds, omit)
             raw[name].append(r)
             log(f"    run {i + 1} {name}: " + (r["error"] if "error" in r else
