@@ -11,6 +11,8 @@ cleanup() {   # the server this script's apply started, by its pid
   for p in $(python3 -c 'import sys; sys.path.insert(0, "bench"); import reload_h200 as r; print(*r.server_pids())' 2>/dev/null); do
     kill -TERM "$p"; done
   sleep 3
+  # what the script's applies recorded goes too (a journal left behind refuses the next bench's apply)
+  python3 -m hkgpu_tune rollback --state-dir /tmp/hkgpu-reload/state >/dev/null 2>&1; echo "rollback rc=$?"
   ps -eo pid,args | grep -i '[n]vidia-cuda-mps' || echo NO-MPS-LEFT
 }
 trap cleanup EXIT

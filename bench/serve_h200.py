@@ -337,6 +337,9 @@ def serve_and_measure(args, prof: str, t, model, res: dict, mps: bool) -> None:
     finally:
         s = hk("triton", "stop", "-p", prof, "--json")
         res["stop_exit"] = s.returncode
+        if args.launch == "apply":   # what apply recorded goes too: the journal refused the next bench's apply
+            r = hk("rollback", "--state-dir", os.path.join(os.path.dirname(prof), "state"), "--json", timeout=300)
+            res["rollback_exit"] = r.returncode
 
 
 def plain_ladder(args, t, model) -> list[dict]:
@@ -347,7 +350,9 @@ def plain_ladder(args, t, model) -> list[dict]:
     from hkgpu_tune.serve.measuring import plain
     req = [(n, dt, shape) for n, dt, shape, _ in client.request_for(model)]
     out = []
-    for conc in args.plain_levels:
+    levels = list(args.plain_levels)
+    while levels:
+        conc = levels.pop(0)
         sampler = GpuSampler().start()
         t0 = time.time()
         r = plain.run(t.http.host, t.http.port, model.name, req, conc, processes=args.plain_processes or
@@ -355,13 +360,28 @@ def plain_ladder(args, t, model) -> list[dict]:
         w0 = t0 + 1.0 + 0.05 * r["processes"] + 1.0   # plain.run's window
         gpu = sampler.stop([w0, w0 + args.plain_seconds])
         r["gpu_util_pct"] = gpu.get("gpu_util_pct")
+        r["lowered"] = conc not in args.plain_levels
         out.append(r)
         log(f"plain client, {conc} in flight: {r['img_s']:.0f} img/s, p50 {r['p50_ms']:.2f} ms, p99 "
             f"{r['p99_ms']:.2f} ms, max {r['max_ms']:.1f} ms, {r['errors']} errors, GPU {r['gpu_util_pct']}%, "
             f"client CPU {r['client_cpu_cores']} cores")
         if r["errors"] or (r["p99_ms"] > args.slo_ms and any(x["p99_ms"] <= args.slo_ms for x in out)):
             break
+        if not levels:
+            levels = lower_levels(out, args.slo_ms)
     return out
+
+
+def lower_levels(done: list[dict], slo_ms: float) -> list[int]:
+    """Where the plain client held the SLO at no level asked for (a host slower than planned for): the
+    next level down, a quarter under the lowest tried, at most three steps below the ladder."""
+    if any(x["p99_ms"] <= slo_ms for x in done) or sum(x.get("lowered", False) for x in done) >= 3:
+        return []
+    low = min(x["concurrency"] for x in done)
+    nxt = (low * 3 // 4) // 8 * 8
+    if nxt < 8:
+        return []
+    return [nxt]
 
 
 def protocols(args, t, model, spec) -> dict:

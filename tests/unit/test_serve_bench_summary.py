@@ -56,3 +56,14 @@ def test_a_headline_where_the_load_generator_is_over_the_slo_fails_its_target():
 
 def test_a_record_from_before_the_agreement_rule_has_no_such_target():
     assert "headline_agreed" not in serve_h200.summarise(recorded("serve-h100-2026-12-06.json"))["targets"]
+
+
+def test_a_ladder_over_the_slo_everywhere_steps_down_at_most_three_times():
+    over = [{"concurrency": c, "p99_ms": 16.5, "lowered": False} for c in (96, 104, 112)]
+    assert serve_h200.lower_levels(over, 15.0) == [72]                    # a quarter under 96, a multiple of 8
+    over.append({"concurrency": 72, "p99_ms": 15.2, "lowered": True})
+    assert serve_h200.lower_levels(over, 15.0) == [48]
+    over += [{"concurrency": c, "p99_ms": 15.1, "lowered": True} for c in (48, 32)]
+    assert serve_h200.lower_levels(over, 15.0) == []                      # three steps taken
+    assert serve_h200.lower_levels([{"concurrency": 96, "p99_ms": 14.0, "lowered": False}], 15.0) == []
+    assert serve_h200.lower_levels([{"concurrency": 8, "p99_ms": 16.0, "lowered": False}], 15.0) == []
