@@ -149,13 +149,17 @@ def main() -> int:
     ap.add_argument("--seconds", type=int, default=6, help="measured seconds per iperf3 test")
     ap.add_argument("--omit", type=int, default=3, help="seconds of slow start left out")
     ap.add_argument("--capture", default="rack,sg,usw", help="paths with baseline capture (empty: none)")
-    ap.add_argument("--probe", action="store_true", help="also measure the node unshaped first")
+    ap.add_argument("--probe", action="store_true", help="also measure the node unshaped first (the emulated "
+                    "guest soft-locked under an unshaped flood on 2026-12-07)")
+    ap.add_argument("--tests", default=",".join(t[0] for t in netpath.TESTS),
+                    help="which of up1,up4,down1,down4 (a faster rate: the single flows only)")
     ap.add_argument("--no-pfifo", dest="pfifo", action="store_false",
                     help="leave out the stock node with a site's pfifo_fast (upload tests only)")
     ap.add_argument("--out", help="the JSON record")
     ap.add_argument("--png", help="the chart")
     args = ap.parse_args()
     args.capture = [x for x in args.capture.split(",") if x]
+    args.tests = tuple(t for t in netpath.TESTS if t[0] in args.tests.split(","))
     paths = [netpath.PATHS[n] for n in args.paths.split(",")]
     env_tools_on_path()
     cache = os.environ.get("HKGPU_VM_DIR", "/var/cache/hkgpu-tune/vm")
@@ -186,13 +190,13 @@ def main() -> int:
         netpath.peer_up(vm)
         if args.probe:
             rec["unshaped"] = netpath.measure(vm, 1, args.seconds, args.omit, tests=netpath.TESTS, log=log)
-        stock = run_node(vm, dev, "stock", paths, args.rate, args)
+        stock = run_node(vm, dev, "stock", paths, args.rate, args, tests=args.tests)
         pfifo = None
         if args.pfifo:
             # a site that sets pfifo_fast (as tests/vm/test_node.py does; Debian's own is fq_codel):
             # only the upload tests, where the node's qdisc holds the queue
             site_qdisc(vm, dev, "pfifo_fast")
-            pfifo = run_node(vm, dev, "pfifo", paths, args.rate, args, tests=netpath.TESTS[:2])
+            pfifo = run_node(vm, dev, "pfifo", paths, args.rate, args, tests=tuple(t for t in args.tests if not t[2]))
             site_qdisc(vm, dev, stock["settings"]["net.core.default_qdisc"])
         put(vm, PROFILE_ON_NODE, yaml.safe_dump(node_profile(), sort_keys=False))
         a = vm.ssh(f"{CLI} apply -p {PROFILE_ON_NODE}", timeout=900)
@@ -202,7 +206,7 @@ def main() -> int:
             f"{[(r['subsystem'], r['key'], r['status']) for r in bad]}")
         rec["apply"] = {"rc": a.returncode, "verify_rc": v.returncode,
                         "verify_not_ok": [f"{r['subsystem']} {r['target']} {r['key']}: {r['status']}" for r in bad]}
-        tuned = run_node(vm, dev, "tuned", paths, args.rate, args)
+        tuned = run_node(vm, dev, "tuned", paths, args.rate, args, tests=args.tests)
         rec["stock_settings"], rec["tuned_settings"] = stock["settings"], tuned["settings"]
         if pfifo:
             rec["stock_pfifo_settings"] = pfifo["settings"]
@@ -224,11 +228,11 @@ def main() -> int:
     finally:
         netpath.peer_down(vm)
         vm.stop()
-    table(rec)
-    if args.out:
+    if args.out:   # the record first: a table or chart that fails must not lose it
         with open(args.out, "w") as f:
             json.dump(rec, f, indent=1)
             f.write("\n")
+    table(rec)
     if args.png:
         chart(rec, args.png)
     return 0
@@ -242,7 +246,7 @@ def table(rec: dict) -> None:
     def cell(v, w):
         return f"{v if v is not None else '-':>{w}}"
     for name, e in rec["paths"].items():
-        for test, _, _ in netpath.TESTS:
+        for test in (t for t, _, _ in netpath.TESTS if t in e["stock"]):
             for fig in FIGURES:
                 s, t = e["stock"][test].get(fig), e["tuned"][test].get(fig)
                 f = e.get("stock_pfifo", {}).get(test, {}).get(fig)
@@ -258,7 +262,7 @@ def chart(rec: dict, png: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     names = list(rec["paths"])
-    tests = [t for t, _, _ in netpath.TESTS]
+    tests = [t for t, _, _ in netpath.TESTS if any(t in rec["paths"][n]["stock"] for n in names)]
     fig, axes = plt.subplots(2, len(names), figsize=(4.2 * len(names), 7), squeeze=False)
     for i, name in enumerate(names):
         e = rec["paths"][name]
