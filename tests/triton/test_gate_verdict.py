@@ -43,16 +43,23 @@ def test_verdict(monkeypatch, p99, bound, server, verdict):
             gate.require(t)
 
 
-@pytest.mark.parametrize("rate, p99, server, failures, verdict, says", [
-    (2.0, 10.0, 4.0, 0, "passed", "judged by the gate's own load"),   # under live.min_req_s: its own load
-    (500.0, 10.0, 4.0, 0, "passed", "judged by live traffic: 500 req/s"),
-    (500.0, 30.0, 4.0, 0, "failed", "p99 latency 30.00 ms is over the SLO"),   # the canary misses
-    (500.0, 10.0, 25.0, 0, "failed", "Triton's own time per request 25.00 ms is over the SLO"),
-    (500.0, 10.0, 4.0, 3, "failed", "requests failed or none answered beside live traffic"),
+@pytest.mark.parametrize("rate, p99, server, server_p99, failures, verdict, says, judged_by", [
+    (2.0, 10.0, 4.0, 8.0, 0, "passed", "judged by the gate's own load", ""),   # under live.min_req_s: its own load
+    (500.0, 10.0, 4.0, 8.0, 0, "passed", "judged by live traffic: 500 req/s", "canary"),
+    (500.0, 30.0, 4.0, None, 0, "failed", "p99 latency 30.00 ms is over the SLO", "canary"),   # no summary: the canary rules
+    (500.0, 10.0, 25.0, 8.0, 0, "failed", "Triton's own time per request 25.00 ms is over the SLO", ""),
+    (500.0, 10.0, 4.0, 25.0, 0, "failed", "Triton's own p99 per request 25.00 ms is over the SLO", ""),
+    (500.0, 30.0, 4.0, 25.0, 0, "failed", "Triton's own p99 per request 25.00 ms is over the SLO", ""),
+    # the node was already over its SLO outside Triton: Triton's own p99 and mean clear the config
+    (500.0, 30.0, 4.0, 12.0, 0, "passed", "judged by Triton's own figures: p99 12.00 ms", "triton"),
+    (500.0, 30.0, 4.0, 12.0, 3, "failed", "requests failed or none answered beside live traffic", ""),
+    (500.0, 10.0, 4.0, 8.0, 3, "failed", "requests failed or none answered beside live traffic", ""),
 ])
-def test_busy_node_verdict(monkeypatch, rate, p99, server, failures, verdict, says):
+def test_busy_node_verdict(monkeypatch, rate, p99, server, server_p99, failures, verdict, says, judged_by):
     """Live traffic seen (Triton's count rising while the gate sends nothing): a canary and Triton's
-    figures judge the config, and a miss of either, or a failed live request, fails it."""
+    figures judge the config. Triton's own p99 or mean over the SLO, or a failed live request, fails it;
+    a canary over the SLO fails it unless Triton's own p99 and mean, read from its metrics, are within
+    (the time was spent outside Triton, as it was for the live traffic before the reload)."""
     t = stand_in(metrics_port=8002)
     monkeypatch.setattr(gate, "warm_up", lambda *a, **k: 0.0)
     monkeypatch.setattr(gate, "live_rate", lambda *a, **k: rate)
@@ -61,8 +68,9 @@ def test_busy_node_verdict(monkeypatch, rate, p99, server, failures, verdict, sa
     def canary(t, m, live_req_s, protocol="http"):
         return gate.LoadResult("m", 400, 4, 0, 5.0, p99 / 2, p99 * 0.9, p99, p99 * 1.1, 80.0, mode="live",
                                live_req_s=live_req_s, server_request_ms=server, server_req_s=live_req_s + 80,
-                               server_queue_ms=0.5, server_failures=failures)
+                               server_queue_ms=0.5, server_failures=failures, server_p99_ms=server_p99)
     monkeypatch.setattr(gate, "canary", canary)
     rep = gate.run_gate(t)
     assert rep.verdict == verdict and says in rep.message, rep.message
     assert rep.mode == ("live" if rate >= 5.0 else "load") and rep.to_dict()["mode"] == rep.mode
+    assert rep.loads[0].judged_by == judged_by and rep.to_dict()["loads"][0]["judged_by"] == judged_by

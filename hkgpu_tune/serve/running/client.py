@@ -240,6 +240,20 @@ def model_counts(host: str, port: int, model: str) -> dict[str, float]:
     return out
 
 
+def model_p99_ms(host: str, port: int, model: str) -> float | None:
+    """Triton's own p99 time per request of one model (queue + compute, nv_inference_request_summary_us,
+    a sliding window of about a minute; the launch turns the summaries on), the highest over versions;
+    None when the server exports no summary or it holds no request."""
+    import math
+    out = None
+    for (name, labels), v in metrics(host, port).items():
+        d = dict(labels)
+        if name == "nv_inference_request_summary_us" and d.get("model") == model and d.get("quantile") == "0.99":
+            if not math.isnan(v):
+                out = v / 1000 if out is None else max(out, v / 1000)
+    return out
+
+
 def metrics_answer(host: str, port: int) -> dict:
     try:
         text = metrics_text(host, port)
