@@ -209,8 +209,10 @@ def main() -> int:
         out = r.stdout + r.stderr
         flat = " ".join(out.split())   # the CLI wraps its notes
         gate_mode = "live" if "judged by live traffic" in flat else "load" if "judged by the gate's own load" in flat else None
+        judged_by = ("triton" if "judged by Triton's own figures" in flat else "canary" if gate_mode == "live"
+                     else None)
         st = {"rc": r.returncode, "expected_rc": expect_rc, "seconds": round(t1 - t0, 1), "error_lines": errs,
-              "gate_mode": gate_mode, "gate_lines": [ln.strip()[:600] for ln in out.splitlines() if "gate" in ln][:3],
+              "gate_mode": gate_mode, "gate_judged_by": judged_by, "gate_lines": [ln.strip()[:600] for ln in out.splitlines() if "gate" in ln][:3],
               "traceback": "Traceback" in r.stdout + r.stderr, "pids_after": server_pids()}
         if expect_rc:
             after = served_config()
