@@ -228,7 +228,16 @@ class VM:
             except subprocess.TimeoutExpired:
                 pass
             time.sleep(1)
-        raise AssertionError(f"no SSH{' from a new boot' if not_boot else ''} after {timeout} s; console in {self.log}")
+        raise AssertionError(f"no SSH{' from a new boot' if not_boot else ''} after {timeout} s; console in {self.log}; "
+                             f"its last lines (a soft lockup shows here):\n{self.console_tail()}")
+
+    def console_tail(self, lines: int = 40) -> str:
+        """The guest console's last lines: the log goes with pytest's temporary directories."""
+        try:
+            with open(self.log, errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError as e:
+            return f"(console log unreadable: {e})"
 
     def close_masters(self) -> None:
         """End the SSH control masters Ansible left (they would outlive a reboot)."""
