@@ -47,9 +47,9 @@ def test_verdict(monkeypatch, p99, bound, server, verdict):
     (2.0, 10.0, 4.0, 8.0, 0, "passed", "judged by the gate's own load", ""),   # under live.min_req_s: its own load
     (500.0, 10.0, 4.0, 8.0, 0, "passed", "judged by live traffic: 500 req/s", "canary"),
     (500.0, 30.0, 4.0, None, 0, "failed", "p99 latency 30.00 ms is over the SLO", "canary"),   # no summary: the canary rules
-    (500.0, 10.0, 25.0, 8.0, 0, "failed", "Triton's own time per request 25.00 ms is over the SLO", ""),
-    (500.0, 10.0, 4.0, 25.0, 0, "failed", "Triton's own p99 per request 25.00 ms is over the SLO", ""),
-    (500.0, 30.0, 4.0, 25.0, 0, "failed", "Triton's own p99 per request 25.00 ms is over the SLO", ""),
+    (500.0, 10.0, 25.0, 8.0, 0, "failed", "Triton's own time per request 25.00 ms is over the SLO", "triton"),
+    (500.0, 10.0, 4.0, 25.0, 0, "failed", "Triton's own p99 per request 25.00 ms is over the SLO", "triton"),
+    (500.0, 30.0, 4.0, 25.0, 0, "failed", "Triton's own p99 per request 25.00 ms is over the SLO", "triton"),
     # the node was already over its SLO outside Triton: Triton's own p99 and mean clear the config
     (500.0, 30.0, 4.0, 12.0, 0, "passed", "judged by Triton's own figures: p99 12.00 ms", "triton"),
     (500.0, 30.0, 4.0, 12.0, 3, "failed", "requests failed or none answered beside live traffic", ""),

@@ -67,7 +67,7 @@ class LoadResult:
     server_queue_ms: float | None = None
     server_failures: int | None = None
     server_p99_ms: float | None = None # live: Triton's own p99 per request (its summary, about the last minute)
-    judged_by: str = ""                # live: "canary" (its p99 within the SLO) or "triton" (Triton's own p99)
+    judged_by: str = ""                # live: which latency decided, "canary" or "triton" (Triton's own p99/mean)
 
     def line(self) -> str:
         err = f", {self.errors} failed ({self.first_error})" if self.errors else ""
@@ -217,11 +217,11 @@ def run_gate(t, p99_ms: float | None = None, requests: int | None = None,
             rep.passed = False
             msgs.append(f"{m.name}: requests failed or none answered beside live traffic: {r.line()}")
         elif r.mode == "live" and slo is not None and r.server_request_ms is not None and r.server_request_ms > slo:
-            rep.passed = False
+            rep.passed, r.judged_by = False, "triton"
             msgs.append(f"{m.name}: Triton's own time per request {r.server_request_ms:.2f} ms is over the SLO of "
                         f"{slo:g} ms ({r.line()})")
         elif r.mode == "live" and slo is not None and r.server_p99_ms is not None and r.server_p99_ms > slo:
-            rep.passed = False
+            rep.passed, r.judged_by = False, "triton"
             msgs.append(f"{m.name}: Triton's own p99 per request {r.server_p99_ms:.2f} ms is over the SLO of "
                         f"{slo:g} ms ({r.line()})")
         elif (r.mode == "live" and slo is not None and r.p99_ms > slo and r.server_p99_ms is not None

@@ -244,7 +244,6 @@ def model_p99_ms(host: str, port: int, model: str) -> float | None:
     """Triton's own p99 time per request of one model (queue + compute, nv_inference_request_summary_us,
     a sliding window of about a minute; the launch turns the summaries on), the highest over versions;
     None when the server exports no summary or it holds no request."""
-    import math
     out = None
     for (name, labels), v in metrics(host, port).items():
         d = dict(labels)
