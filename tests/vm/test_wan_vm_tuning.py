@@ -58,7 +58,7 @@ def test_tuning_gains_on_the_150ms_path(vm, tmp_path_factory, wheel_dir, stage):
     extra = {"hkgpu_install_cache_dir": wheel_dir, "hkgpu_install_wheelhouse": os.path.join(vm.dir, "wheelhouse")}
     with stage("netproof: ansible-playbook site.yml --tags install (the toolkit, if not there yet)"):
         run = run_playbook("apply", inv, extravars=extra, tags="install")
-    assert run.rc == 0 and not run.hosts["hkvm"].is_failed, run.to_dict()
+    assert run.rc == 0 and not run.hosts["hkvm"].is_failed, json.dumps(run.to_dict(), indent=1, default=str)[-4000:]
     dev = netpath.nic(vm)
     vm.ssh(f"ip link set {dev} up && sysctl -qw net.core.default_qdisc=pfifo_fast && "
            f"tc qdisc replace dev {dev} root pfifo_fast && tc qdisc del dev {dev} root", check=True)
