@@ -3,7 +3,10 @@
 starts a ResNet-50 torch-engine service (hkbatch, CUDA graphs); an independent client
 (bench/reload_client.py) keeps --in-flight requests going; then, under that load, `apply` of
 (a) the instance count, (b) the queue delay, (c) new trained weights (a state_dict, sha256-pinned),
-and two reloads that must fail: weights of another architecture and an impossible gate.
+and two reloads that must fail: weights of another architecture (the load fails) and a slower config
+(one instance of batch 2: the gate, judging it against the old config under the same load, fails it;
+its window slows the live load by design, so it is kept out of the 2x-steady target and reported as
+reload_slow_*).
 Writes OUT/reload.json (the docs/perf record) and OUT/steps.log.
 
     python3 bench/reload_h200.py --out /tmp/out [--in-flight 64] [--fp16]
@@ -15,6 +18,7 @@ import hashlib
 import http.client
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -59,7 +63,8 @@ HTTP_THREADS = None   # --http-threads: triton.connections.http_thread_count (No
 SERVED = {"max_batch": 64, "preferred": [32, 64], "gate_p99_ms": 2000.0}   # --max-batch, --preferred, --gate-p99-ms
 
 
-def profile(i: int, count=4, delay_us=2000, weights=None, p99_ms=None, fp16=False) -> str:
+def profile(i: int, count=4, delay_us=2000, weights=None, p99_ms=None, fp16=False, max_batch=None,
+            preferred=None) -> str:
     p99_ms = SERVED["gate_p99_ms"] if p99_ms is None else p99_ms
     build = {"torchvision": "resnet50", "engine": "torch", "backend": "hkbatch", "fp16": fp16,
              "cuda_graphs": True, "channels_last": True}
@@ -70,10 +75,10 @@ def profile(i: int, count=4, delay_us=2000, weights=None, p99_ms=None, fp16=Fals
         "user": "root",   # named: the GPU machine has no unprivileged server user
         "http": {"port": PORT}, "grpc": {"port": PORT + 1}, "metrics": {"port": PORT + 2},
         "models": [{
-            "name": "resnet50", "platform": "tensorrt_plan", "max_batch_size": SERVED["max_batch"],
+            "name": "resnet50", "platform": "tensorrt_plan", "max_batch_size": max_batch or SERVED["max_batch"],
             "inputs": [{"name": "INPUT", "data_type": "UINT8", "dims": [3, 224, 224]}],
             "outputs": [{"name": "OUTPUT", "data_type": "FP16" if fp16 else "FP32", "dims": [1000]}],
-            "dynamic_batching": {"max_queue_delay_microseconds": delay_us, "preferred_batch_size": SERVED["preferred"]},
+            "dynamic_batching": {"max_queue_delay_microseconds": delay_us, "preferred_batch_size": preferred or SERVED["preferred"]},
             "instance_group": [{"count": count, "kind": "KIND_GPU"}],
             "build": build}],
         "gate": {"ready_timeout_s": 300, "warmup_requests": 8, "load": {"requests": 400, "concurrency": 8},
@@ -209,8 +214,10 @@ def main() -> int:
         out = r.stdout + r.stderr
         flat = " ".join(out.split())   # the CLI wraps its notes
         gate_mode = "live" if "judged by live traffic" in flat else "load" if "judged by the gate's own load" in flat else None
-        judged_by = ("triton" if "judged by Triton's own figures" in flat else "canary" if gate_mode == "live"
-                     else None)
+        judged_by = ("before" if "as before the reload" in flat else
+                     "triton" if ("judged by Triton's own figures" in flat or "gate failed" in flat and
+                                  re.search(r"Triton's own (p99|time) per request [\d.]+ ms is over", flat)) else
+                     "canary" if gate_mode == "live" else None)
         st = {"rc": r.returncode, "expected_rc": expect_rc, "seconds": round(t1 - t0, 1), "error_lines": errs,
               "gate_mode": gate_mode, "gate_judged_by": judged_by, "gate_lines": [ln.strip()[:600] for ln in out.splitlines() if "gate" in ln][:3],
               "traceback": "Traceback" in r.stdout + r.stderr, "pids_after": server_pids()}
@@ -233,8 +240,8 @@ def main() -> int:
     good = profile(next(n), count=8, delay_us=1000, weights=w["r50"], fp16=fp16)
     step("c_new_weights", good, 0)
     step("bad_wrong_architecture", profile(next(n), count=8, delay_us=1000, weights=w["r18"], fp16=fp16), 1)
-    step("bad_impossible_gate", profile(next(n), count=8, delay_us=1500, weights=w["r50"], p99_ms=0.001,
-                                        fp16=fp16), 1)
+    step("bad_slower_config", profile(next(n), count=1, delay_us=1000, weights=w["r50"], fp16=fp16, max_batch=2,
+                                      preferred=[2]), 1)
     time.sleep(3)
     recs = stop_load(lp, stop, f"{WORK}/load")
     v = cli("verify", "--only", "triton", "-p", last_good[0], "--json", timeout=120)
@@ -245,7 +252,8 @@ def main() -> int:
     rec["steady_p99_ms"] = steady["p99_ms"]
     rec["load_fraction_of_max"] = round(steady["req_per_s"] / mx_w["req_per_s"], 2) if mx_w.get("req_per_s") else None
     good_w = [reload_client.window(recs, *windows[k]) for k in windows if not k.startswith("bad")]
-    bad_w = [reload_client.window(recs, *windows[k]) for k in windows if k.startswith("bad")]
+    bad_w = [reload_client.window(recs, *windows[k]) for k in windows if k.startswith("bad") and k != "bad_slower_config"]
+    slow_w = [reload_client.window(recs, *windows[k]) for k in windows if k == "bad_slower_config"]
     for k in windows:
         rec["steps"][k]["window"] = reload_client.window(recs, *windows[k])
     rec["reload_good_failed_requests"] = sum(x["failed_requests"] for x in good_w)
@@ -253,8 +261,11 @@ def main() -> int:
     rec["reload_good_max_ms"] = max(((x["max_ms"] or 0) for x in good_w), default=None)
     rec["reload_bad_max_ms"] = max(((x["max_ms"] or 0) for x in bad_w), default=None)
     rec["reload_bad_p99_ms"] = max(((x["p99_ms"] or 0) for x in bad_w), default=None)
+    rec["reload_slow_p99_ms"] = max(((x["p99_ms"] or 0) for x in slow_w), default=None)
+    rec["reload_slow_max_ms"] = max(((x["max_ms"] or 0) for x in slow_w), default=None)
     rec["gate_modes"] = {k: rec["steps"][k].get("gate_mode") for k in windows}
-    rec["reload_bad_failed_requests"] = sum(x["failed_requests"] for x in bad_w)
+    rec["gate_judged_by"] = {k: rec["steps"][k].get("gate_judged_by") for k in windows}
+    rec["reload_bad_failed_requests"] = sum(x["failed_requests"] for x in bad_w + slow_w)
     rec["reload_bad_put_back_ok"] = all(rec["steps"][k].get("put_back_ok") for k in windows if k.startswith("bad"))
     rec["good_reloads_ok"] = all(rec["steps"][k]["rc"] == 0 for k in windows if not k.startswith("bad"))
     rec["same_pid"] = all(rec["steps"][k]["pids_after"] == pids for k in windows) and server_pids() == pids
@@ -262,7 +273,8 @@ def main() -> int:
     rec["targets"] = {"zero_failed": rec["reload_good_failed_requests"] == 0 and rec["reload_bad_failed_requests"] == 0,
                       "reload_p99_within_2x_steady": bool(steady["p99_ms"]) and
                       max(rec["reload_good_p99_ms"] or 0, rec["reload_bad_p99_ms"] or 0) <= 2 * steady["p99_ms"],
-                      "no_request_over_1s": max(rec["reload_good_max_ms"] or 0, rec["reload_bad_max_ms"] or 0) <= 1000,
+                      "no_request_over_1s": max(rec["reload_good_max_ms"] or 0, rec["reload_bad_max_ms"] or 0,
+                                                rec["reload_slow_max_ms"] or 0) <= 1000,
                       "load_at_least_96_in_flight": a.in_flight >= 96,
                       "good_reloads_pass_their_gate": rec["good_reloads_ok"],
                       "bad_reloads_put_back": rec["reload_bad_put_back_ok"],

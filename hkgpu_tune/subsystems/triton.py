@@ -398,15 +398,18 @@ class Service(Subsystem):
         active = not started and launch.status(t, self.b)["active"]
         if active and reload and not launch.explicit(t, self.b):
             restart.append(None)  # a server from before explicit model control: restart once
-        self._gated = None
+        self._gated, self._before = None, {}
         if active and restart:
             launch.restart(t, self.b)
             self._gated = "restarted"
         elif active and reload:
+            from hkgpu_tune.serve.measuring import gate
+            names = list(dict.fromkeys(ch.data["model"] for ch in reload))
+            self._before = gate.before_reload(t, names)   # the old config under live traffic, if any
             ref = forms.ServiceRef.of(t, self.b)
             c = ref.client()
             try:
-                for name in dict.fromkeys(ch.data["model"] for ch in reload):
+                for name in names:
                     try:
                         c.load_model(name)
                     except HkError as e:
@@ -430,7 +433,7 @@ class Service(Subsystem):
 
     def _gate(self) -> None:
         from hkgpu_tune.serve.measuring import gate
-        rep = gate.run_gate(self.t)
+        rep = gate.run_gate(self.t, before=getattr(self, "_before", None))
         if rep.client_bound:   # the client, not the server, missed: the deployment stays
             self.notes.append(f"{self._gate_name} client-bound, deployment kept: {rep.message}")
         elif rep.passed:

@@ -15,18 +15,22 @@ def gate_of(tmp_path, **gate):
 
 def test_defaults(tmp_path):
     g = gate_of(tmp_path)
-    assert (g.protocol, g.live_min_req_s, g.live_window_s, g.canary) == ("http", 5.0, 5.0, 4)
+    assert (g.protocol, g.live_min_req_s, g.live_window_s, g.canary, g.live_no_worse) == ("http", 5.0, 5.0, 4, 1.2)
 
 
 def test_set_values(tmp_path):
     g = gate_of(tmp_path, load={"requests": 10, "concurrency": 2, "protocol": "grpc"},
-                live={"min_req_s": 50, "window_s": 8, "canary": 2})
-    assert (g.protocol, g.requests, g.live_min_req_s, g.live_window_s, g.canary) == ("grpc", 10, 50.0, 8.0, 2)
+                live={"min_req_s": 50, "window_s": 8, "canary": 2, "no_worse": 1.5})
+    assert (g.protocol, g.requests, g.live_min_req_s, g.live_window_s, g.canary, g.live_no_worse) == \
+        ("grpc", 10, 50.0, 8.0, 2, 1.5)
 
 
 @pytest.mark.parametrize("gate, key, msg", [({"load": {"protocol": "udp"}}, "gate.load.protocol", "udp"),
                                             ({"live": {"canary": 0}}, "gate.live.canary", "1-64"),
-                                            ({"live": {"window": 5}}, "gate.live.window", "window_s")])
+                                            ({"live": {"window": 5}}, "gate.live.window", "window_s"),
+                                            ({"live": {"no_worse": 0.5}}, "gate.live.no_worse", "from 1 to 10"),
+                                            ({"live": {"no_worse": True}}, "gate.live.no_worse", "from 1 to 10"),
+                                            ({"live": {"no_worse": "2x"}}, "gate.live.no_worse", "from 1 to 10")])
 def test_bad_values_name_the_key(tmp_path, gate, key, msg):
     with pytest.raises(ProfileError) as e:
         gate_of(tmp_path, **gate)

@@ -74,3 +74,64 @@ def test_busy_node_verdict(monkeypatch, rate, p99, server, server_p99, failures,
     assert rep.verdict == verdict and says in rep.message, rep.message
     assert rep.mode == ("live" if rate >= 5.0 else "load") and rep.to_dict()["mode"] == rep.mode
     assert rep.loads[0].judged_by == judged_by and rep.to_dict()["loads"][0]["judged_by"] == judged_by
+
+
+def live(p99, server, server_p99, failures=0):
+    return gate.LoadResult("m", 2400, 4, 0, 5.0, p99 / 2, p99 * 0.9, p99, p99 * 1.1, 480.0, mode="live",
+                           live_req_s=9000.0, server_request_ms=server, server_req_s=9480.0, server_queue_ms=0.8,
+                           server_failures=failures, server_p99_ms=server_p99)
+
+
+# (before: canary p99, Triton mean, Triton p99) -> (after: the same); SLO 20 ms. The figures of the
+# 2026-12-07 H100 run (canary 13-15 ms, Triton's p99 17-22 ms, the live load's own p99 20 ms) scaled.
+@pytest.mark.parametrize("before, after, failures, verdict, says, judged_by", [
+    # the old config over the SLO too, the new one no worse: passes and says the node is over its SLO
+    ((18.0, 8.0, 26.0), (17.0, 8.2, 25.0), 0, "passed", "as before the reload (Triton's own p99 per request 26.00 ms)", "before"),
+    ((30.0, 8.0, 26.0), (35.0, 9.0, 27.0), 0, "passed", "the node is over its SLO under this traffic", "before"),
+    ((22.0, 21.0, 30.0), (24.0, 23.0, 31.0), 0, "passed", "Triton's own 21.00 ms -> 23.00 ms per request", "before"),
+    # worse than before by more than NO_WORSE, by the canary's p99 (a few requests waiting) or Triton's
+    # own time per request (a slower model) -> fails
+    ((18.0, 8.0, 26.0), (40.0, 8.2, 25.0), 0, "failed", "Triton's own p99 per request 25.00 ms is over the SLO", "triton"),
+    ((18.0, 8.0, 26.0), (18.0, 12.0, 25.0), 0, "failed", "Triton's own p99 per request 25.00 ms is over the SLO", "triton"),
+    ((18.0, 15.0, 26.0), (18.0, 25.0, 40.0), 0, "failed", "Triton's own time per request 25.00 ms is over the SLO", "triton"),
+    ((30.0, 8.0, None), (90.0, 8.0, None), 0, "failed", "p99 latency 90.00 ms is over the SLO", "canary"),
+    # no Triton figures (no metrics port): the canary's p99 against before's
+    ((30.0, None, None), (35.0, None, None), 0, "passed", "canary p99 30.00 -> 35.00 ms", "before"),
+    ((30.0, None, None), (90.0, None, None), 0, "failed", "p99 latency 90.00 ms is over the SLO", "canary"),
+    # the old config within the SLO: the new one over it fails as before
+    ((12.0, 8.0, 15.0), (12.5, 8.0, 25.0), 0, "failed", "Triton's own p99 per request 25.00 ms is over the SLO", "triton"),
+    ((12.0, 8.0, None), (30.0, 8.0, None), 0, "failed", "p99 latency 30.00 ms is over the SLO", "canary"),
+    # a failed request fails whatever before was
+    ((18.0, 8.0, 26.0), (17.0, 8.2, 25.0), 2, "failed", "requests failed or none answered", ""),
+    # within the SLO after: the canary decides, before does not matter
+    ((18.0, 8.0, 26.0), (12.0, 8.0, 15.0), 0, "passed", "p99 12.00 ms <= SLO 20 ms", "canary"),
+])
+def test_a_node_over_its_slo_before_the_reload(monkeypatch, before, after, failures, verdict, says, judged_by):
+    """before_reload's figures (the old config under the same live traffic): a new config over the SLO
+    passes only when the old one was over it too and the new one is within NO_WORSE of it."""
+    t = stand_in(metrics_port=8002)
+    monkeypatch.setattr(gate, "warm_up", lambda *a, **k: 0.0)
+    monkeypatch.setattr(gate, "live_rate", lambda *a, **k: 9000.0)
+    monkeypatch.setattr(gate, "canary", lambda *a, **k: live(*after, failures=failures))
+    rep = gate.run_gate(t, before={"m": live(*before)})
+    assert rep.verdict == verdict and says in rep.message, rep.message
+    assert rep.loads[0].judged_by == judged_by
+    assert [x["p99_ms"] for x in rep.to_dict()["before"]] == [before[0]]
+    # without before's figures the same result is judged as it always was
+    if judged_by == "before":
+        assert gate.run_gate(t).verdict == "failed"
+
+
+def test_before_reload_reads_only_models_with_live_traffic(monkeypatch):
+    t = stand_in(metrics_port=8002)
+    t.models = [SimpleNamespace(name="busy"), SimpleNamespace(name="idle"), SimpleNamespace(name="other")]
+    rates = {"busy": 900.0, "idle": 1.0, "other": 900.0}
+    monkeypatch.setattr(gate, "live_rate", lambda t, m, s: rates[m.name])
+    monkeypatch.setattr(gate, "canary", lambda t, m, rate, proto: live(10.0, 4.0, 8.0))
+    got = gate.before_reload(t, ["busy", "idle"])
+    assert list(got) == ["busy"] and got["busy"].mode == "live"
+
+    def unreadable(t, m, s):
+        raise gate.HkError("metrics: connection refused")
+    monkeypatch.setattr(gate, "live_rate", unreadable)
+    assert gate.before_reload(t, ["busy"]) == {}

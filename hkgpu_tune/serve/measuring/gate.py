@@ -15,8 +15,13 @@ p99 from the request summary). Where the canary is over the SLO while Triton's o
 request are within it, the time is spent outside Triton (its front end, clients on the same host:
 an H100 node whose live traffic alone had p99 31.7 ms measured the canary at 18-20 ms and Triton at
 8.1-8.5 ms per request), which the live traffic already had before the reload: the config passes,
-judged by Triton's figures. The verdict says which it used (mode "load" or "live"; judged_by
-"canary" or "triton").
+judged by Triton's figures. A node whose live traffic is over the SLO before the reload too (the
+load itself is past what the node serves within it) would fail every reload, good ones included:
+apply measures the same canary and Triton figures just before a hot reload, and a new config over
+the SLO passes when the old one was over it too and the new one is no worse (the canary's p99 and
+Triton's own time per request within gate.live.no_worse, 1.2x, of before's), saying the node is
+over its SLO. The verdict says which it used (mode "load" or "live"; judged_by "canary", "triton"
+or "before").
 
 >>> rep = run_gate(t)          # doctest: +SKIP
 >>> rep.verdict, rep.message   # doctest: +SKIP
@@ -35,6 +40,9 @@ from hkgpu_tune.serve.measuring import loadgen
 # 2000 requests (a quarter of a second) that counted its first ones measured p99 30 ms where the
 # same server held 10 to 14 ms once its connections and batches had settled (docs/perf, 2026-12-04)
 LOAD_WARMUP_S = 1.0
+# a node over its SLO before the reload: the new config may be this much slower than the old one and
+# still pass (gate.live.no_worse; the canary's p99 over 5 s moved 13.1-15.4 ms between good reloads on an H100)
+NO_WORSE = 1.2
 
 
 class GateFailed(ApplyError):
@@ -67,7 +75,8 @@ class LoadResult:
     server_queue_ms: float | None = None
     server_failures: int | None = None
     server_p99_ms: float | None = None # live: Triton's own p99 per request (its summary, about the last minute)
-    judged_by: str = ""                # live: which latency decided, "canary" or "triton" (Triton's own p99/mean)
+    judged_by: str = ""                # live: which latency decided: "canary", "triton" (Triton's own p99/mean)
+                                       # or "before" (over the SLO as the old config was, and no worse)
 
     def line(self) -> str:
         err = f", {self.errors} failed ({self.first_error})" if self.errors else ""
@@ -96,6 +105,7 @@ class GateReport:
     warmup_s: float = 0.0
     loads: list[LoadResult] = field(default_factory=list)
     client_bound: bool = False      # the client could not offer the load: neither passed nor failed
+    before: list[LoadResult] = field(default_factory=list)   # live figures just before a hot reload
 
     @property
     def verdict(self) -> str:
@@ -109,7 +119,8 @@ class GateReport:
 
     def to_dict(self) -> dict:
         return {"passed": self.passed, "verdict": self.verdict, "mode": self.mode, "message": self.message,
-                "warmup_s": round(self.warmup_s, 3), "loads": [asdict(x) for x in self.loads]}
+                "warmup_s": round(self.warmup_s, 3), "loads": [asdict(x) for x in self.loads],
+                "before": [asdict(x) for x in self.before]}
 
 
 def warm_up(t, model, n: int) -> float:
@@ -186,19 +197,62 @@ def canary(t, model, live_req_s: float, protocol: str = "http", timeout: float =
 LIVE_PROBE_S = 1.0   # how long the gate watches the model's request count before choosing its mode
 
 
+def before_reload(t, names) -> dict[str, LoadResult]:
+    """The live figures (canary and Triton's, as the gate takes them) of the models about to be
+    reloaded, while the old config serves; only models with live traffic, and none it cannot read."""
+    out = {}
+    proto = getattr(t.gate, "protocol", "http")
+    for m in t.models:
+        if m.name not in names:
+            continue
+        try:
+            rate = live_rate(t, m, LIVE_PROBE_S)
+            if rate is not None and rate >= t.gate.live_min_req_s:
+                out[m.name] = canary(t, m, rate, proto)
+        except HkError:
+            continue
+    return out
+
+
+def live_excess(r: LoadResult, slo: float | None) -> str:
+    """What puts a live result over the SLO: Triton's own mean or p99, or the canary's p99 where
+    Triton's figures do not clear it; "" when nothing does."""
+    if slo is None:
+        return ""
+    if r.server_request_ms is not None and r.server_request_ms > slo:
+        return f"Triton's own time per request {r.server_request_ms:.2f} ms"
+    if r.server_p99_ms is not None and r.server_p99_ms > slo:
+        return f"Triton's own p99 per request {r.server_p99_ms:.2f} ms"
+    if r.p99_ms > slo and (r.server_p99_ms is None or r.server_request_ms is None):
+        return f"the canary's p99 {r.p99_ms:.2f} ms"
+    return ""
+
+
+def no_worse(before: LoadResult, after: LoadResult, ratio: float = NO_WORSE) -> bool:
+    """The canary's p99 and Triton's own time per request (where read), each over its window, within ratio
+    of before's. Both: a config that makes a few requests wait (a long queue delay under light load)
+    moves the p99 and hardly the mean; a slower model moves the mean."""
+    if after.p99_ms > before.p99_ms * ratio:
+        return False
+    b, a = before.server_request_ms, after.server_request_ms
+    return a is None or b is None or a <= b * ratio
+
+
 def run_gate(t, p99_ms: float | None = None, requests: int | None = None,
              concurrency: int | None = None, processes: int | None = None, protocol: str | None = None,
-             live: bool = True) -> GateReport:
+             live: bool = True, before: dict[str, LoadResult] | None = None) -> GateReport:
     """Warm up every model, then load each one, or on a busy node (live traffic seen, `live`) judge it by
     a canary and Triton's figures; fails when any p99 exceeds the SLO or a request fails, unless the
-    client set the figures (client-bound: neither passed nor failed)."""
+    client set the figures (client-bound: neither passed nor failed). before: before_reload's figures;
+    a live result over the SLO passes when the old config's were over it too and it is no worse."""
     g = t.gate
     slo = g.p99_ms if p99_ms is None else p99_ms
     n = g.requests if requests is None else requests
     conc = g.concurrency if concurrency is None else concurrency
     procs = getattr(g, "processes", None) if processes is None else processes
     proto = protocol or getattr(g, "protocol", "http")
-    rep = GateReport(True, "")
+    rep = GateReport(True, "", before=list((before or {}).values()))
+    ratio = getattr(g, "live_no_worse", NO_WORSE)
     msgs, bound = [], []
     for m in t.models:
         try:
@@ -216,6 +270,16 @@ def run_gate(t, p99_ms: float | None = None, requests: int | None = None,
         if r.mode == "live" and (r.errors or r.server_failures or not r.requests):
             rep.passed = False
             msgs.append(f"{m.name}: requests failed or none answered beside live traffic: {r.line()}")
+        elif (r.mode == "live" and (b := (before or {}).get(m.name)) is not None and live_excess(r, slo)
+              and live_excess(b, slo) and no_worse(b, r, ratio)):
+            # the live traffic was over the SLO with the old config too: failing would put back a config
+            # no better; the node is over its SLO under this traffic, and the verdict says so
+            r.judged_by = "before"
+            msgs.append(f"{m.name}: {live_excess(r, slo)} is over the SLO of {slo:g} ms, as before the reload "
+                        f"({live_excess(b, slo)}): the node is over its SLO under this traffic; the new config "
+                        f"is no worse (canary p99 {b.p99_ms:.2f} -> {r.p99_ms:.2f} ms, Triton's own "
+                        f"{_ms(b.server_request_ms)} -> {_ms(r.server_request_ms)} per request, within "
+                        f"{ratio:g}x) ({r.line()})")
         elif r.mode == "live" and slo is not None and r.server_request_ms is not None and r.server_request_ms > slo:
             rep.passed, r.judged_by = False, "triton"
             msgs.append(f"{m.name}: Triton's own time per request {r.server_request_ms:.2f} ms is over the SLO of "
@@ -264,6 +328,10 @@ def run_gate(t, p99_ms: float | None = None, requests: int | None = None,
         rep.passed, rep.client_bound = False, True
     rep.message = "; ".join(msgs)
     return rep
+
+
+def _ms(v: float | None) -> str:
+    return "not exported" if v is None else f"{v:.2f} ms"
 
 
 def require(t, **kw) -> GateReport:

@@ -25,6 +25,7 @@ class Gate:
     live_min_req_s: float = 5.0    # live traffic: requests/s the gate did not send, seen before its load
     live_window_s: float = 5.0     # on a busy node: the window over which Triton's figures are read
     canary: int = 4                # on a busy node: the gate's own requests in flight (instead of the load)
+    live_no_worse: float = 1.2     # a node over its SLO before a reload: how much slower the new config may be
 
 
 def parse(n) -> Gate:
@@ -47,13 +48,19 @@ def parse(n) -> Gate:
         if "protocol" in lm:
             kw["protocol"] = lm["protocol"].choice(("http", "grpc"))
     if "live" in m:   # a node already serving: judge by what its traffic gets (serve/measuring/gate.py)
-        lv = m["live"].mapping(("min_req_s", "window_s", "canary"))
+        lv = m["live"].mapping(("min_req_s", "window_s", "canary", "no_worse"))
         if "min_req_s" in lv:
             kw["live_min_req_s"] = float(lv["min_req_s"].integer(1, 10_000_000))
         if "window_s" in lv:
             kw["live_window_s"] = float(lv["window_s"].integer(1, 600))
         if "canary" in lv:
             kw["canary"] = lv["canary"].integer(1, 64)
+        if "no_worse" in lv:
+            v = lv["no_worse"].value()
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 1.0 <= v <= 10.0:
+                raise lv["no_worse"].error(f"expected a ratio from 1 to 10 (the new config's p99 over the old "
+                                           f"one's), got {lv['no_worse']._desc()}")
+            kw["live_no_worse"] = float(v)
     if "p99_ms" in m:
         v = m["p99_ms"].value()
         if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
