@@ -403,11 +403,10 @@ class Service(Subsystem):
             launch.restart(t, self.b)
             self._gated = "restarted"
         elif active and reload:
-            from hkgpu_tune.serve.measuring import gate
+            from hkgpu_tune.serve.measuring.gate import before_reload
             names = list(dict.fromkeys(ch.data["model"] for ch in reload))
-            self._before = gate.before_reload(t, names)   # the old config under live traffic, if any
-            ref = forms.ServiceRef.of(t, self.b)
-            c = ref.client()
+            self._before = before_reload(t, names)   # the old config under live traffic, if any
+            c = forms.ServiceRef.of(t, self.b).client()
             try:
                 for name in names:
                     try:
@@ -427,13 +426,11 @@ class Service(Subsystem):
     def checks(self, changes):
         """The gate (warm-up, load, p99 under the SLO) of a server this apply started, restarted or
         loaded models into: a check of the apply's transaction."""
-        if getattr(self, "_gated", None) is None:
-            return []
-        return [Check(self._gate_name, self._gate)]
+        return [] if getattr(self, "_gated", None) is None else [Check(self._gate_name, self._gate)]
 
     def _gate(self) -> None:
-        from hkgpu_tune.serve.measuring import gate
-        rep = gate.run_gate(self.t, before=getattr(self, "_before", None))
+        from hkgpu_tune.serve.measuring.gate import run_gate
+        rep = run_gate(self.t, before=getattr(self, "_before", None))
         if rep.client_bound:   # the client, not the server, missed: the deployment stays
             self.notes.append(f"{self._gate_name} client-bound, deployment kept: {rep.message}")
         elif rep.passed:
