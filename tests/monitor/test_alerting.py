@@ -25,12 +25,14 @@ import urllib.request
 import pytest
 import yaml
 
+from tests.helpers import tagged
+
 REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 MON = os.path.join(REPO, "monitoring", "prometheus")
 FIXTURE = os.path.join(REPO, "tests", "fixtures", "monitor", "dcgm-exporter-a30-mig.metrics")
 H200 = os.path.join(REPO, "tests", "fixtures", "gpu", "h200-health.json")
 AM_TEMPLATE = os.path.join(REPO, "roles", "hkgpu_monitoring", "templates", "alertmanager.yml.j2")
-NS = "hkalert-node"
+NS = tagged("hkalert-node")   # this run's: the set-up deletes it first
 SCRAPE_S = 2
 BINS = {b: shutil.which(b) for b in ("prometheus", "prometheus-node-exporter", "prometheus-alertmanager", "ip")}
 
