@@ -135,3 +135,28 @@ def test_before_reload_reads_only_models_with_live_traffic(monkeypatch):
         raise gate.HkError("metrics: connection refused")
     monkeypatch.setattr(gate, "live_rate", unreadable)
     assert gate.before_reload(t, ["busy"]) == {}
+
+
+def test_a_starved_canary_is_client_bound_not_a_failed_server(monkeypatch):
+    """A canary whose processes did not get the CPU in its window (a 2-core machine running two suites:
+    0 requests, and Triton first read after the window ended) measured nothing: client-bound, the
+    deployment kept and said so; a canary that sent requests and got no answer still fails."""
+    from hkgpu_tune.serve.measuring import loadgen
+    t = stand_in(metrics_port=8002)
+    monkeypatch.setattr(gate, "warm_up", lambda *a, **k: 0.0)
+    monkeypatch.setattr(gate, "live_rate", lambda *a, **k: 3900.0)
+    base = {"requests": 0, "errors": 0, "duration_s": 3.0, "client_busiest_process": 0.1, "client_loop_lag_ms": 0.0,
+            "p50_ms": 0.0, "mean_ms": 0.0}
+    starved = loadgen.client_bound({**base, "sent": 0})
+    assert "sent no request in its window" in starved
+    assert loadgen.client_bound({**base, "sent": 40}) == ""   # sent, never answered: the server
+
+    for why, verdict in ((starved, "client-bound"), ("", "failed")):
+        monkeypatch.setattr(gate, "canary", lambda *a, why=why, **k: gate.LoadResult(
+            "m", 0, 4, 0, 3.0, 0.0, 0.0, 0.0, 0.0, 0.0, mode="live", live_req_s=3900.0, client_bound=why))
+        rep = gate.run_gate(t)
+        assert rep.verdict == verdict, rep.message
+        if why:
+            assert "the canary measured nothing" in rep.message and starved in rep.message, rep.message
+        else:
+            assert "requests failed or none answered" in rep.message, rep.message

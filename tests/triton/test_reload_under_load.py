@@ -1,8 +1,8 @@
 """Hot reload under load on a real tritonserver (the nvidia-pytriton wheel, CPU): an independent
 client (bench/reload_client.py: plain http.client, no hkgpu_tune code) keeps 8 requests in flight
 while `hkgpu-tune apply`, run as users run it, changes the instance count, the max batch and queue
-delay, and the model file; then two reloads that must fail (a model file that does not load, an
-impossible gate). Every step: zero failed requests, the same server process, and for the bad ones
+delay, and the model file; then two reloads that must fail (a model file that does not load, a
+model 400 ms slower per batch under an SLO no config meets). Every step: zero failed requests, the same server process, and for the bad ones
 exit 1 with one error line and the previous files back on disk and serving.
 
 The model file stands in for new weights here: the torch engine needs CUDA (bench/reload_h200.sh
@@ -66,11 +66,13 @@ def node(tmp_path_factory):
     state = str(root / "state")
     n = {"i": 0}
 
-    def profile(count=2, max_batch=16, delay_us=2000, model_file=MODEL_PY, p99_ms=5000):
+    def profile(count=2, max_batch=16, delay_us=2000, model_file=MODEL_PY, p99_ms=5000, sleep_ms=None):
         doc = profile_dict(root, ports, delay_us=delay_us, p99_ms=p99_ms, requests=16, concurrency=4)
         m = doc["triton"]["models"][0]
         m.update(model_file=model_file, max_batch_size=max_batch,
                  instance_group=[{"count": count, "kind": "KIND_CPU"}])
+        if sleep_ms:   # the test model sleeps this long per batch (tests/triton/data/doubler.py)
+            m["config"] = {"parameters": {"sleep_ms": {"string_value": str(sleep_ms)}}}
         n["i"] += 1
         path = root / f"p{n['i']}.yaml"
         path.write_text(dump(doc))
@@ -158,11 +160,15 @@ def test_reloads_under_load_fail_no_request(node, tmp_path):
     assert served_file(node) == new_file.read_text()
     windows["bad_model_file"] = (t0, t1)
 
+    # an SLO no config meets no longer fails a reload by itself (the old config missed it too: the gate's
+    # "before" rule); a model 400 ms slower per batch under it does
     p, t0, t1 = applied_under_load(node, node["profile"](count=3, max_batch=8, delay_us=700,
-                                                         model_file=str(new_file), p99_ms=0.001))
+                                                         model_file=str(new_file), p99_ms=0.001, sleep_ms=400))
     err = one_error_line(p)
     assert "gate failed" in err and "the previous config is serving again" in err, err
-    windows["impossible_gate"] = (t0, t1)
+    assert "as before the reload" not in err, err
+    assert "sleep_ms" not in open(os.path.join(node["repo"], "doubler", "config.pbtxt")).read()
+    windows["slower_model"] = (t0, t1)
 
     recs = records(node)
     for name, (t0, t1) in windows.items():

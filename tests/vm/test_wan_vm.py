@@ -4,7 +4,7 @@ machine's own kernel has no sch_netem, so tests/baseline skips it there).
 The installed toolkit on the node captures a baseline towards a WAN peer (the fabric peer
 namespace of tests/vm/vm.py, reached through the node's data NIC), then netem on that NIC adds
 20 ms +- 10 ms to every packet the node sends, a second capture follows and `baseline compare`
-must flag the RTT and the jitter to that peer as regressed (exit 2). The delay is checked with
+must flag the RTT to that peer as regressed (exit 2), and the jitter where the node's own ping sees it. The delay is checked with
 the node's own ping first, so a failure says whether the kernel or the toolkit missed it.
 The guest is emulated (TCG): its own jitter is 2-3 ms, so the added jitter must stand well above
 it. +-5 ms added only about 1.5 ms (3.9 against 2.4, inside the noise band: a CI failure); +-10 ms
@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 
 import pytest
 
@@ -67,8 +68,10 @@ def test_netem_delay_to_a_wan_peer_is_flagged(vm, node, stage):
         # the node's kernel has netem (a module of Debian's kernel): a failure here is a failure
         vm.ssh(f"modprobe sch_netem; tc qdisc replace dev {NIC} root netem delay 20ms 10ms", check=True)
         delayed, delayed_jitter = ping_ms(vm)
-        # the kernel delays and jitters: the toolkit must see both
-        assert delayed >= base + 10 and delayed_jitter >= base_jitter + 3, (base, delayed, base_jitter, delayed_jitter)
+        assert delayed >= base + 10, (base, delayed)     # the kernel delays: the toolkit must see it
+        # the jitter, where the node's own ping sees it: an emulated guest on a loaded machine had 5.6 ms of
+        # its own and 6.2 ms with netem's +-10 ms (its timers, not the toolkit, swallow the added jitter)
+        jitter_shown = delayed_jitter >= base_jitter + 3
         with stage("wan: baseline capture, 20 ms +- 10 ms added by netem"):
             b = vm.ssh(f"{CLI} baseline capture -p /tmp/wan/p.yaml --quick --out /tmp/wan/b.json", timeout=600)
         assert b.returncode in (0, 2), b.stdout + b.stderr
@@ -85,4 +88,9 @@ def test_netem_delay_to_a_wan_peer_is_flagged(vm, node, stage):
     c = vm.ssh(f"{CLI} baseline compare /tmp/wan/a.json /tmp/wan/b.json --json", check=False)
     assert c.returncode == 2, c.stdout + c.stderr
     rows = {m["key"]: m for m in json.loads(c.stdout)["metrics"]}
-    assert rows["rtt p50 wan sg"]["regressed"] and rows["jitter wan sg"]["regressed"], rows
+    assert rows["rtt p50 wan sg"]["regressed"], rows
+    if jitter_shown:
+        assert rows["jitter wan sg"]["regressed"], (base_jitter, delayed_jitter, rows)
+    else:
+        warnings.warn(f"the node's own ping saw no added jitter ({base_jitter:.2f} -> {delayed_jitter:.2f} ms): "
+                      "the toolkit's jitter verdict is not checked in this run")

@@ -267,7 +267,11 @@ def run_gate(t, p99_ms: float | None = None, requests: int | None = None,
         else:
             r = load(t, m, n, conc, processes=procs, protocol=proto)
         rep.loads.append(r)
-        if r.mode == "live" and (r.errors or r.server_failures or not r.requests):
+        if r.mode == "live" and not r.requests and r.client_bound and not r.errors and not r.server_failures:
+            # the canary sent nothing (a starved client): nothing was measured, neither pass nor fail
+            bound.append(m.name)
+            msgs.append(f"{m.name}: client-bound, the canary measured nothing: {r.client_bound} ({r.line()})")
+        elif r.mode == "live" and (r.errors or r.server_failures or not r.requests):
             rep.passed = False
             msgs.append(f"{m.name}: requests failed or none answered beside live traffic: {r.line()}")
         elif (r.mode == "live" and (b := (before or {}).get(m.name)) is not None and live_excess(r, slo)

@@ -504,6 +504,7 @@ def run(spec: LoadSpec) -> dict:
         "img_s": round(len(vals) * (spec.request[0][2][0] if spec.request else spec.shape[0]) / duration, 1),
         "req_s": round(len(vals) / duration, 1), "seconds": round(duration, 3),
         "offered_rate": round(sum(r["sent"] for r in parts.values()) / duration, 1),
+        "sent": sum(r["sent"] for r in parts.values()),
         "mean_ms": round(sum(vals) / len(vals), 3) if vals else 0.0,
         "p50_ms": round(percentile(vals, 50), 3), "p90_ms": round(percentile(vals, 90), 3), "p95_ms": round(percentile(vals, 95), 3),
         "p99_ms": round(percentile(vals, 99), 3), "max_ms": round(vals[-1], 3) if vals else 0.0,
@@ -524,7 +525,8 @@ def run(spec: LoadSpec) -> dict:
         # to its second or the window's end, whichever came first (no load after it); a requests
         # load's count is that of the counted requests, over their span
         end = start_at + spec.warmup_s + spec.duration_s
-        secs = duration if spec.requests else max(1e-6, min(after["at"], end) - before["at"])
+        secs = duration if spec.requests else min(after["at"], end) - before["at"]
+    if before and after and secs > 0:   # else Triton was first read after the window ended: no figures
         out["server"] = {
             "requests": d["nv_inference_request_success"],
             "failures": d["nv_inference_request_failure"],
@@ -574,6 +576,8 @@ def client_bound(r: dict) -> str:
     if lag >= LATE_LOOP_MS and (mean >= 1.5 * server_ms if server_ms is not None else lag >= 0.25 * p50):
         own = f" against Triton's own {server_ms:.1f} ms" if server_ms is not None else ""
         why.append(f"it got the CPU {lag:.1f} ms late on average (mean latency {mean:.1f} ms{own})")
+    if not r["requests"] and not r["errors"] and r.get("sent") == 0 and r.get("duration_s"):
+        why.append("it sent no request in its window (its processes did not get the CPU in time)")
     if r.get("rate") and r.get("offered_rate") is not None and r["offered_rate"] < 0.95 * r["rate"]:
         why.append(f"it sent {r['offered_rate']:.0f} requests/s of the {r['rate']:.0f} asked")
     return "; ".join(why)
