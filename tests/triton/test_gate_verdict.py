@@ -131,6 +131,12 @@ def test_before_reload_reads_only_models_with_live_traffic(monkeypatch):
     got = gate.before_reload(t, ["busy", "idle"])
     assert list(got) == ["busy"] and got["busy"].mode == "live"
 
+    monkeypatch.setattr(gate, "live_rate", lambda t, m, s: 900.0)
+    late = live(60.0, 4.0, 8.0)
+    late.client_bound = "it got the CPU 40.0 ms late on average"
+    monkeypatch.setattr(gate, "canary", lambda t, m, rate, proto: late)
+    assert gate.before_reload(t, ["busy"]) == {}   # a late client's figures are no baseline
+
     def unreadable(t, m, s):
         raise gate.HkError("metrics: connection refused")
     monkeypatch.setattr(gate, "live_rate", unreadable)

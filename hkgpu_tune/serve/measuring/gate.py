@@ -199,7 +199,8 @@ LIVE_PROBE_S = 1.0   # how long the gate watches the model's request count befor
 
 def before_reload(t, names) -> dict[str, LoadResult]:
     """The live figures (canary and Triton's, as the gate takes them) of the models about to be
-    reloaded, while the old config serves; only models with live traffic, and none it cannot read."""
+    reloaded, while the old config serves; only models with live traffic, and none it cannot read or
+    whose canary was client-bound (its inflated p99 would let a worse config pass as "no worse")."""
     out = {}
     proto = getattr(t.gate, "protocol", "http")
     for m in t.models:
@@ -208,7 +209,9 @@ def before_reload(t, names) -> dict[str, LoadResult]:
         try:
             rate = live_rate(t, m, LIVE_PROBE_S)
             if rate is not None and rate >= t.gate.live_min_req_s:
-                out[m.name] = canary(t, m, rate, proto)
+                r = canary(t, m, rate, proto)
+                if r.requests and not r.client_bound:   # a late client's p99 would excuse a worse config
+                    out[m.name] = r
         except HkError:
             continue
     return out
