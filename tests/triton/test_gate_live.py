@@ -39,10 +39,10 @@ def busy(tmp_path_factory):
         if sleep_ms:   # tests/triton/data/doubler.py sleeps this long per batch
             doc["triton"]["models"][0]["config"] = {"parameters": {"sleep_ms": {"string_value": str(sleep_ms)}}}
         doc["triton"]["gate"]["load"]["protocol"] = "grpc"
-        # no_worse 5: on this 2-core machine, busy with other tests, the canary's p99 and Triton's time
+        # no_worse 8: on this 2-core machine, busy with other tests, the canary's p99 and Triton's time
         # per request moved up to 3x between windows of one config (the default 1.2x is a GPU node's);
-        # a model 100 ms slower per batch is 25x or more over before's
-        doc["triton"]["gate"]["live"] = {"window_s": 3, "canary": 2, "no_worse": 5}
+        # a model 200 ms slower per batch is 20x or more over before's
+        doc["triton"]["gate"]["live"] = {"window_s": 3, "canary": 2, "no_worse": 8}
         n["i"] += 1
         path = root / f"p{n['i']}.yaml"
         path.write_text(dump(doc))
@@ -100,6 +100,15 @@ def start_load(root, port: int, name: str):
                           "--shape", "4", "--procs", "2", "--threads", "4", "--duration", "600",
                           "--stop-file", str(stop), "--out", str(root / name)])
     return p, stop
+
+
+def told(p) -> str:
+    """What a failed `apply --json` said, the gate's words first (the whole JSON buries them)."""
+    try:
+        doc = json.loads(p.stdout)
+    except ValueError:
+        return p.stderr + p.stdout
+    return "\n".join([p.stderr, *doc.get("notes", []), json.dumps(doc.get("failures"))])
 
 
 def gate_figures(text: str) -> tuple[float, float]:
@@ -193,7 +202,7 @@ def test_a_node_over_its_slo_before_the_reload_keeps_a_good_one_and_fails_a_slow
     """The live load already over the SLO with the config serving (an SLO of 0.01 ms, which no request
     meets): apply measures the old config under the live traffic before the reload, so a good reload
     (a shorter queue delay) passes, judged against before and saying the node is over its SLO, while a
-    config whose every batch takes 100 ms more (the model's sleep_ms) is worse than before and fails,
+    config whose every batch takes 200 ms more (the model's sleep_ms) is worse than before and fails,
     the previous config serving again. No live request fails. (A 400 ms queue delay is no slow config
     here: with live requests in flight Triton's batcher hardly waits, 4 ms per request.)"""
     load, stop = start_load(busy["root"], busy["port"], "load-before")
@@ -207,7 +216,7 @@ def test_a_node_over_its_slo_before_the_reload_keeps_a_good_one_and_fails_a_slow
         good = cli("apply", "--only", "triton", "-p", busy["profile"](count=count, delay_us=shorter, p99_ms=0.01),
                    "--state-dir", busy["state"], "--json")
         t1 = time.time()
-        assert good.returncode == 0, good.stdout + good.stderr
+        assert good.returncode == 0, told(good)
         (note,) = json.loads(good.stdout)["notes"]
         note = flat(note)
         assert note.startswith("triton gate passed:") and "as before the reload" in note, note
@@ -215,7 +224,7 @@ def test_a_node_over_its_slo_before_the_reload_keeps_a_good_one_and_fails_a_slow
         assert served(busy["port"])["dynamic_batching"]["max_queue_delay_microseconds"] == shorter
 
         slow = cli("apply", "--only", "triton", "-p", busy["profile"](count=count, delay_us=shorter, p99_ms=0.01,
-                                                                     sleep_ms=100),
+                                                                     sleep_ms=200),
                    "--state-dir", busy["state"])
         t2 = time.time()
         out = flat(slow.stdout + slow.stderr)

@@ -76,10 +76,13 @@ def test_busy_node_verdict(monkeypatch, rate, p99, server, server_p99, failures,
     assert rep.loads[0].judged_by == judged_by and rep.to_dict()["loads"][0]["judged_by"] == judged_by
 
 
-def live(p99, server, server_p99, failures=0):
+def live(p99, server, server_p99, failures=0, late=""):
     return gate.LoadResult("m", 2400, 4, 0, 5.0, p99 / 2, p99 * 0.9, p99, p99 * 1.1, 480.0, mode="live",
                            live_req_s=9000.0, server_request_ms=server, server_req_s=9480.0, server_queue_ms=0.8,
-                           server_failures=failures, server_p99_ms=server_p99)
+                           server_failures=failures, server_p99_ms=server_p99, client_bound=late)
+
+
+LATE = "it got the CPU 40.0 ms late on average"
 
 
 # (before: canary p99, Triton mean, Triton p99) -> (after: the same); SLO 20 ms. The figures of the
@@ -122,6 +125,23 @@ def test_a_node_over_its_slo_before_the_reload(monkeypatch, before, after, failu
         assert gate.run_gate(t).verdict == "failed"
 
 
+@pytest.mark.parametrize("before, after, verdict, says", [
+    # a client-bound canary on either side: its p99 is the client's, Triton's own mean decides alone
+    (live(90.0, 8.0, 26.0, late=LATE), live(17.0, 8.2, 25.0), "passed", "the canary's p99 not compared"),
+    (live(10.0, 8.0, 26.0), live(90.0, 8.2, 25.0, late=LATE), "passed", "Triton's own 8.00 ms -> 8.20 ms"),
+    (live(90.0, 8.0, 26.0, late=LATE), live(17.0, 12.0, 25.0), "failed", "Triton's own p99 per request 25.00 ms"),
+    # nothing comparable (no Triton figures, a late canary): never "no worse"
+    (live(90.0, None, None, late=LATE), live(30.0, None, None), "failed", "p99 latency 30.00 ms is over the SLO"),
+])
+def test_a_late_canary_is_no_baseline(monkeypatch, before, after, verdict, says):
+    t = stand_in(metrics_port=8002)
+    monkeypatch.setattr(gate, "warm_up", lambda *a, **k: 0.0)
+    monkeypatch.setattr(gate, "live_rate", lambda *a, **k: 9000.0)
+    monkeypatch.setattr(gate, "canary", lambda *a, **k: after)
+    rep = gate.run_gate(t, before={"m": before})
+    assert rep.verdict == verdict and says in rep.message, rep.message
+
+
 def test_before_reload_reads_only_models_with_live_traffic(monkeypatch):
     t = stand_in(metrics_port=8002)
     t.models = [SimpleNamespace(name="busy"), SimpleNamespace(name="idle"), SimpleNamespace(name="other")]
@@ -132,10 +152,12 @@ def test_before_reload_reads_only_models_with_live_traffic(monkeypatch):
     assert list(got) == ["busy"] and got["busy"].mode == "live"
 
     monkeypatch.setattr(gate, "live_rate", lambda t, m, s: 900.0)
-    late = live(60.0, 4.0, 8.0)
-    late.client_bound = "it got the CPU 40.0 ms late on average"
-    monkeypatch.setattr(gate, "canary", lambda t, m, rate, proto: late)
-    assert gate.before_reload(t, ["busy"]) == {}   # a late client's figures are no baseline
+    # a late canary is kept with Triton's own time per request (no_worse then compares that alone),
+    # never without it: a late client's p99 is no baseline
+    monkeypatch.setattr(gate, "canary", lambda t, m, rate, proto: live(60.0, 4.0, 8.0, late=LATE))
+    assert list(gate.before_reload(t, ["busy"])) == ["busy"]
+    monkeypatch.setattr(gate, "canary", lambda t, m, rate, proto: live(60.0, None, None, late=LATE))
+    assert gate.before_reload(t, ["busy"]) == {}
 
     def unreadable(t, m, s):
         raise gate.HkError("metrics: connection refused")

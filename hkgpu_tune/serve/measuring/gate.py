@@ -199,8 +199,9 @@ LIVE_PROBE_S = 1.0   # how long the gate watches the model's request count befor
 
 def before_reload(t, names) -> dict[str, LoadResult]:
     """The live figures (canary and Triton's, as the gate takes them) of the models about to be
-    reloaded, while the old config serves; only models with live traffic, and none it cannot read or
-    whose canary was client-bound (its inflated p99 would let a worse config pass as "no worse")."""
+    reloaded, while the old config serves; only models with live traffic, and none it cannot read.
+    A client-bound canary is kept only with Triton's own time per request, which no_worse then
+    compares alone (a late client's p99 would excuse a worse config)."""
     out = {}
     proto = getattr(t.gate, "protocol", "http")
     for m in t.models:
@@ -210,7 +211,7 @@ def before_reload(t, names) -> dict[str, LoadResult]:
             rate = live_rate(t, m, LIVE_PROBE_S)
             if rate is not None and rate >= t.gate.live_min_req_s:
                 r = canary(t, m, rate, proto)
-                if r.requests and not r.client_bound:   # a late client's p99 would excuse a worse config
+                if (r.requests and not r.client_bound) or r.server_request_ms is not None:
                     out[m.name] = r
         except HkError:
             continue
@@ -234,11 +235,13 @@ def live_excess(r: LoadResult, slo: float | None) -> str:
 def no_worse(before: LoadResult, after: LoadResult, ratio: float = NO_WORSE) -> bool:
     """The canary's p99 and Triton's own time per request (where read), each over its window, within ratio
     of before's. Both: a config that makes a few requests wait (a long queue delay under light load)
-    moves the p99 and hardly the mean; a slower model moves the mean."""
-    if after.p99_ms > before.p99_ms * ratio:
-        return False
-    b, a = before.server_request_ms, after.server_request_ms
-    return a is None or b is None or a <= b * ratio
+    moves the p99 and hardly the mean; a slower model moves the mean. The canary's p99 only where neither
+    canary was client-bound (a late client's p99 is its own); nothing comparable is not "no worse"."""
+    pairs = [(before.server_request_ms, after.server_request_ms)]
+    if not before.client_bound and not after.client_bound and before.requests and after.requests:
+        pairs.append((before.p99_ms, after.p99_ms))
+    pairs = [(b, a) for b, a in pairs if b is not None and a is not None]
+    return bool(pairs) and all(a <= b * ratio for b, a in pairs)
 
 
 def run_gate(t, p99_ms: float | None = None, requests: int | None = None,
@@ -284,9 +287,7 @@ def run_gate(t, p99_ms: float | None = None, requests: int | None = None,
             r.judged_by = "before"
             msgs.append(f"{m.name}: {live_excess(r, slo)} is over the SLO of {slo:g} ms, as before the reload "
                         f"({live_excess(b, slo)}): the node is over its SLO under this traffic; the new config "
-                        f"is no worse (canary p99 {b.p99_ms:.2f} -> {r.p99_ms:.2f} ms, Triton's own "
-                        f"{_ms(b.server_request_ms)} -> {_ms(r.server_request_ms)} per request, within "
-                        f"{ratio:g}x) ({r.line()})")
+                        f"is no worse ({_compared(b, r)}, within {ratio:g}x) ({r.line()})")
         elif r.mode == "live" and slo is not None and r.server_request_ms is not None and r.server_request_ms > slo:
             rep.passed, r.judged_by = False, "triton"
             msgs.append(f"{m.name}: Triton's own time per request {r.server_request_ms:.2f} ms is over the SLO of "
@@ -335,6 +336,14 @@ def run_gate(t, p99_ms: float | None = None, requests: int | None = None,
         rep.passed, rep.client_bound = False, True
     rep.message = "; ".join(msgs)
     return rep
+
+
+def _compared(b: LoadResult, r: LoadResult) -> str:
+    """What no_worse compared, for the verdict."""
+    late = b.client_bound or r.client_bound or not (b.requests and r.requests)
+    canary = ("the canary's p99 not compared: a canary was client-bound" if late
+              else f"canary p99 {b.p99_ms:.2f} -> {r.p99_ms:.2f} ms")
+    return f"{canary}, Triton's own {_ms(b.server_request_ms)} -> {_ms(r.server_request_ms)} per request"
 
 
 def _ms(v: float | None) -> str:
