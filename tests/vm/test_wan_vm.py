@@ -3,12 +3,12 @@ machine's own kernel has no sch_netem, so tests/baseline skips it there).
 
 The installed toolkit on the node captures a baseline towards a WAN peer (the fabric peer
 namespace of tests/vm/vm.py, reached through the node's data NIC), then netem on that NIC adds
-20 ms +- 10 ms to every packet the node sends, a second capture follows and `baseline compare`
+40 ms +- 25 ms to every packet the node sends, a second capture follows and `baseline compare`
 must flag the RTT to that peer as regressed (exit 2), and the jitter where the node's own ping sees it. The delay is checked with
 the node's own ping first, so a failure says whether the kernel or the toolkit missed it.
 The guest is emulated (TCG): its own jitter is 2-3 ms, so the added jitter must stand well above
 it. +-5 ms added only about 1.5 ms (3.9 against 2.4, inside the noise band: a CI failure); +-10 ms
-adds about 6.7 ms (the mean |a - b| of two uniform draws 20 ms wide).
+added 0.6-3 ms to the node's own ping (5.6 -> 6.2, 2.2 -> 5.1 ms in two CI runs), so it is +-25 ms.
 Runs after test_node.py on the same VM (session fixture); alone, it installs the toolkit itself.
 """
 from __future__ import annotations
@@ -66,13 +66,13 @@ def test_netem_delay_to_a_wan_peer_is_flagged(vm, node, stage):
     assert a.returncode in (0, 2) and "sg" in a.stdout + a.stderr, a.stdout + a.stderr
     try:
         # the node's kernel has netem (a module of Debian's kernel): a failure here is a failure
-        vm.ssh(f"modprobe sch_netem; tc qdisc replace dev {NIC} root netem delay 20ms 10ms", check=True)
+        vm.ssh(f"modprobe sch_netem; tc qdisc replace dev {NIC} root netem delay 40ms 25ms", check=True)
         delayed, delayed_jitter = ping_ms(vm)
         assert delayed >= base + 10, (base, delayed)     # the kernel delays: the toolkit must see it
         # the jitter, where the node's own ping sees it: an emulated guest on a loaded machine had 5.6 ms of
-        # its own and 6.2 ms with netem's +-10 ms (its timers, not the toolkit, swallow the added jitter)
+        # its own and 6.2 ms with netem's +-10 ms (its timers, not the toolkit, swallow added jitter)
         jitter_shown = delayed_jitter >= base_jitter + 3
-        with stage("wan: baseline capture, 20 ms +- 10 ms added by netem"):
+        with stage("wan: baseline capture, 40 ms +- 25 ms added by netem"):
             b = vm.ssh(f"{CLI} baseline capture -p /tmp/wan/p.yaml --quick --out /tmp/wan/b.json", timeout=600)
         assert b.returncode in (0, 2), b.stdout + b.stderr
     finally:
