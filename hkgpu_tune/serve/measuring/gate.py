@@ -238,7 +238,7 @@ def no_worse(before: LoadResult, after: LoadResult, ratio: float = NO_WORSE) -> 
     moves the p99 and hardly the mean; a slower model moves the mean. The canary's p99 only where neither
     canary was client-bound (a late client's p99 is its own); nothing comparable is not "no worse"."""
     pairs = [(before.server_request_ms, after.server_request_ms)]
-    if not before.client_bound and not after.client_bound and before.requests and after.requests:
+    if _canaries_comparable(before, after):
         pairs.append((before.p99_ms, after.p99_ms))
     pairs = [(b, a) for b, a in pairs if b is not None and a is not None]
     return bool(pairs) and all(a <= b * ratio for b, a in pairs)
@@ -338,11 +338,15 @@ def run_gate(t, p99_ms: float | None = None, requests: int | None = None,
     return rep
 
 
+def _canaries_comparable(b: LoadResult, r: LoadResult) -> bool:
+    """Both canaries measured and neither was client-bound."""
+    return bool(b.requests and r.requests) and not (b.client_bound or r.client_bound)
+
+
 def _compared(b: LoadResult, r: LoadResult) -> str:
     """What no_worse compared, for the verdict."""
-    late = b.client_bound or r.client_bound or not (b.requests and r.requests)
-    canary = ("the canary's p99 not compared: a canary was client-bound" if late
-              else f"canary p99 {b.p99_ms:.2f} -> {r.p99_ms:.2f} ms")
+    canary = (f"canary p99 {b.p99_ms:.2f} -> {r.p99_ms:.2f} ms" if _canaries_comparable(b, r)
+              else "the canary's p99 not compared: a canary was client-bound")
     return f"{canary}, Triton's own {_ms(b.server_request_ms)} -> {_ms(r.server_request_ms)} per request"
 
 
